@@ -1,0 +1,18 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "batchtune/environment.h"
+#include "batchtune/trial.h"
+
+namespace batchtune {
+
+/// JSON of `batchtune env --json`. Field names are stable (see README).
+nlohmann::json to_json(const Environment& env);
+
+/// JSON of one trial, as `batchtune probe --json` writes it: `batch_size`,
+/// `fits`, `peak_bytes`, `capacity_bytes`, `usable_bytes`, `margin`,
+/// `step_ms`, `samples_per_s`, `error` (null when it fits) and more.
+nlohmann::json to_json(const TrialResult& trial);
+
+}  // namespace batchtune

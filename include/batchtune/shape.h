@@ -1,0 +1,23 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchtune {
+
+/// Parses a per-sample shape written as dimensions joined by `x`
+/// (`3x64x64`, `784`). Every dimension must be a positive integer.
+/// Throws `batchtune::Error` naming `what` (the flag) otherwise.
+///
+/// Example:
+/// ```
+///   parse_shape("3x64x64", "--input");  // {3, 64, 64}
+/// ```
+std::vector<int64_t> parse_shape(const std::string& text,
+                                 const std::string& what = "shape");
+
+/// The inverse of `parse_shape`: `{3, 64, 64}` -> `3x64x64`.
+std::string format_shape(const std::vector<int64_t>& shape);
+
+}  // namespace batchtune

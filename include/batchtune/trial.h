@@ -1,0 +1,101 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchtune {
+
+class DeviceMemory;
+class Workload;
+
+/// Headroom kept off the device's capacity before anything is compared:
+/// 10 %, for allocator fragmentation and for memory that grows after the
+/// probe (longer batches, checkpoints, a second optimizer state).
+constexpr double kDefaultMargin = 0.10;
+
+/// How one trial runs.
+struct TrialOptions {
+  TORCH_ARG(int64_t, batch_size) = 1;
+  /// Timed steps.
+  TORCH_ARG(int64_t, steps) = 3;
+  /// Untimed steps before them: the first step allocates the optimizer state
+  /// and the allocators' caches, and LibTorch picks its kernels.
+  TORCH_ARG(int64_t, warmup_steps) = 1;
+};
+
+/// Why a trial did not fit.
+enum class TrialFailure {
+  kNone,
+  kOutOfMemory,  ///< an allocation failed
+  kOverBudget,   ///< it ran, but its peak passed the usable budget
+};
+
+/// What one trial measured. Plain data: everything above the trial runner
+/// works with these, never with exceptions.
+struct TrialResult {
+  int64_t batch_size = 0;
+  bool fits = false;
+  TrialFailure failure = TrialFailure::kNone;
+  /// Peak device memory during the trial (see `DeviceMemory::peak_bytes`).
+  int64_t peak_bytes = 0;
+  int64_t capacity_bytes = 0;
+  /// capacity × (1 − margin): what "fits" is compared with.
+  int64_t usable_bytes = 0;
+  double margin = kDefaultMargin;
+  /// Training steps run, warm-up included.
+  int64_t steps_run = 0;
+  /// Seconds of each timed step.
+  std::vector<double> step_seconds;
+  double step_ms = 0;         ///< median step time
+  double step_ms_spread = 0;  ///< interquartile range / median (0 = steady)
+  double samples_per_s = 0;   ///< batch size / median step time
+  double loss = 0;            ///< loss of the last step
+  /// Empty when it fits.
+  std::string error;
+};
+
+/// The one primitive everything else calls: runs the real training step at
+/// a batch size and measures it, leaving no trace.
+///
+/// After `run()` the model's parameters, buffers, gradients and optimizer
+/// state, and LibTorch's CPU random generator, are bit-identical to before,
+/// and live device memory is back where it was, whether the trial fitted or
+/// not. The snapshot that makes this possible is kept off the measured
+/// device (host memory, outside the CPU budget's count).
+///
+/// Example:
+/// ```
+///   auto memory = batchtune::make_device_memory(c10::kCPU, 512 << 20);
+///   batchtune::TrialRunner runner(workload, *memory, batchtune::kDefaultMargin);
+///   auto result = runner.run(batchtune::TrialOptions().batch_size(64));
+///   if (!result.fits) std::cout << result.error;
+/// ```
+class TrialRunner {
+ public:
+  TrialRunner(Workload& workload, DeviceMemory& memory, double margin = kDefaultMargin);
+
+  /// Runs one trial. Only out-of-memory becomes a result with
+  /// `fits == false`; other errors (a shape mismatch) propagate.
+  TrialResult run(const TrialOptions& options);
+
+  /// Training steps run by all trials so far.
+  int64_t total_steps() const { return total_steps_; }
+  double margin() const { return margin_; }
+  DeviceMemory& memory() { return memory_; }
+
+ private:
+  Workload& workload_;
+  DeviceMemory& memory_;
+  double margin_;
+  int64_t total_steps_ = 0;
+};
+
+/// Median of `values` (0 for none).
+double median(std::vector<double> values);
+/// Interquartile range of `values` over their median (0 for fewer than 2).
+double relative_spread(std::vector<double> values);
+
+}  // namespace batchtune

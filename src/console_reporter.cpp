@@ -1,0 +1,44 @@
+#include "batchtune/console_reporter.h"
+
+#include <fmt/ostream.h>
+
+#include "batchtune/size.h"
+
+namespace batchtune {
+
+void print_environment(std::ostream& out, const Environment& env) {
+  fmt::print(out, "LibTorch      {} ({})\n", env.torch_version,
+             env.torch_cuda ? "built with CUDA" : "CPU only");
+  if (env.cuda_available) {
+    fmt::print(out, "CUDA          available, driver {}, {} device(s)\n",
+               env.cuda_driver.empty() ? "unknown" : env.cuda_driver, env.gpus.size());
+    for (const auto& gpu : env.gpus) {
+      fmt::print(out, "  cuda:{}      {}, {} total, {} free, compute capability {}.{}\n",
+                 gpu.index, gpu.name, format_bytes(gpu.total_bytes),
+                 format_bytes(gpu.free_bytes), gpu.compute_major, gpu.compute_minor);
+    }
+  } else {
+    fmt::print(out, "CUDA          no GPU: {}\n", env.cuda_reason);
+  }
+  fmt::print(out, "NVML          {}\n",
+             env.nvml_available ? "libnvidia-ml.so.1 loaded" : "unavailable: " + env.nvml_reason);
+  fmt::print(out, "CPU           {}, {} cores, {} LibTorch thread(s)\n", env.cpu_model,
+             env.cpu_cores, env.threads);
+  fmt::print(out, "RAM           {} total, {} available\n", format_bytes(env.ram_total_bytes),
+             format_bytes(env.ram_available_bytes));
+}
+
+void print_trial(std::ostream& out, const TrialResult& trial) {
+  fmt::print(out, "batch size    {}\n", trial.batch_size);
+  fmt::print(out, "fits          {}\n", trial.fits ? "yes" : "no: " + trial.error);
+  fmt::print(out, "peak memory   {} of {} usable ({} capacity, {:.0f} % margin)\n",
+             format_bytes(trial.peak_bytes), format_bytes(trial.usable_bytes),
+             format_bytes(trial.capacity_bytes), trial.margin * 100);
+  if (trial.fits) {
+    fmt::print(out, "step          {:.2f} ms median over {} timed steps (spread {:.1f} %)\n",
+               trial.step_ms, trial.step_seconds.size(), trial.step_ms_spread * 100);
+    fmt::print(out, "throughput    {:.1f} samples/s\n", trial.samples_per_s);
+  }
+}
+
+}  // namespace batchtune

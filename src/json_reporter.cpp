@@ -1,0 +1,70 @@
+#include "batchtune/json_reporter.h"
+
+namespace batchtune {
+namespace {
+
+const char* failure_name(TrialFailure failure) {
+  switch (failure) {
+    case TrialFailure::kNone:
+      return nullptr;
+    case TrialFailure::kOutOfMemory:
+      return "out_of_memory";
+    case TrialFailure::kOverBudget:
+      return "over_budget";
+  }
+  return nullptr;
+}
+
+nlohmann::json string_or_null(const std::string& s) {
+  return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Environment& env) {
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const auto& gpu : env.gpus) {
+    gpus.push_back({{"index", gpu.index},
+                    {"name", gpu.name},
+                    {"total_bytes", gpu.total_bytes},
+                    {"free_bytes", gpu.free_bytes},
+                    {"compute_capability",
+                     std::to_string(gpu.compute_major) + "." + std::to_string(gpu.compute_minor)}});
+  }
+  return {
+      {"torch_version", env.torch_version},
+      {"torch_cuda", env.torch_cuda},
+      {"cuda_available", env.cuda_available},
+      {"cuda_reason", string_or_null(env.cuda_reason)},
+      {"cuda_driver", string_or_null(env.cuda_driver)},
+      {"device_count", env.gpus.size()},
+      {"devices", gpus},
+      {"nvml_available", env.nvml_available},
+      {"nvml_reason", string_or_null(env.nvml_reason)},
+      {"cpu_model", env.cpu_model},
+      {"cpu_cores", env.cpu_cores},
+      {"threads", env.threads},
+      {"ram_total_bytes", env.ram_total_bytes},
+      {"ram_available_bytes", env.ram_available_bytes},
+  };
+}
+
+nlohmann::json to_json(const TrialResult& trial) {
+  const char* failure = failure_name(trial.failure);
+  return {
+      {"batch_size", trial.batch_size},
+      {"fits", trial.fits},
+      {"failure", failure != nullptr ? nlohmann::json(failure) : nlohmann::json(nullptr)},
+      {"peak_bytes", trial.peak_bytes},
+      {"capacity_bytes", trial.capacity_bytes},
+      {"usable_bytes", trial.usable_bytes},
+      {"margin", trial.margin},
+      {"steps", trial.steps_run},
+      {"step_ms", trial.step_ms},
+      {"step_ms_spread", trial.step_ms_spread},
+      {"samples_per_s", trial.samples_per_s},
+      {"error", string_or_null(trial.error)},
+  };
+}
+
+}  // namespace batchtune

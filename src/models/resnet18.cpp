@@ -1,0 +1,88 @@
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
+#include "builtin_models.h"
+
+namespace batchtune::models {
+namespace {
+
+namespace nn = torch::nn;
+
+nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+}
+
+/// Two 3x3 convolutions with a shortcut; a 1x1 convolution on the shortcut
+/// where the block changes the width or the stride.
+struct BasicBlockImpl : nn::Module {
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride)
+      : conv1(register_module("conv1", conv(in, out, 3, stride))),
+        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        conv2(register_module("conv2", conv(out, out, 3, 1))),
+        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
+    if (stride != 1 || in != out) {
+      downsample = register_module(
+          "downsample", nn::Sequential(conv(in, out, 1, stride), nn::BatchNorm2d(out)));
+    }
+  }
+
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = torch::relu(bn1(conv1(x)));
+    y = bn2(conv2(y));
+    return torch::relu(y + (downsample.is_empty() ? x : downsample->forward(x)));
+  }
+
+  nn::Conv2d conv1;
+  nn::BatchNorm2d bn1;
+  nn::Conv2d conv2;
+  nn::BatchNorm2d bn2;
+  nn::Sequential downsample{nullptr};
+};
+TORCH_MODULE(BasicBlock);
+
+constexpr int64_t kWidths[] = {64, 128, 256, 512};
+constexpr int64_t kBlocksPerStage = 2;
+
+struct ResNet18Impl : nn::Module {
+  ResNet18Impl(int64_t channels, int64_t classes)
+      : stem(register_module("stem", nn::Sequential(conv(channels, kWidths[0], 7, 2),
+                                                    nn::BatchNorm2d(kWidths[0]), nn::ReLU(),
+                                                    nn::MaxPool2d(nn::MaxPool2dOptions(3)
+                                                                      .stride(2)
+                                                                      .padding(1))))),
+        fc(register_module("fc", nn::Linear(kWidths[3], classes))) {
+    int64_t in = kWidths[0];
+    for (size_t stage = 0; stage < 4; ++stage) {
+      for (int64_t block = 0; block < kBlocksPerStage; ++block) {
+        const int64_t stride = (stage > 0 && block == 0) ? 2 : 1;
+        layers->push_back(BasicBlock(in, kWidths[stage], stride));
+        in = kWidths[stage];
+      }
+    }
+    register_module("layers", layers);
+  }
+
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = layers->forward(stem->forward(x));
+    return fc(torch::adaptive_avg_pool2d(y, {1, 1}).flatten(1));
+  }
+
+  nn::Sequential stem;
+  nn::Sequential layers;
+  nn::Linear fc;
+};
+TORCH_MODULE(ResNet18);
+
+}  // namespace
+
+BuiltModule make_resnet18(const ModelSpec& spec) {
+  return built(ResNet18(spec.input_shape.front(), spec.classes));
+}
+
+}  // namespace batchtune::models

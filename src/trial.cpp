@@ -1,0 +1,112 @@
+#include "batchtune/trial.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "batchtune/device_memory.h"
+#include "batchtune/error.h"
+#include "batchtune/size.h"
+#include "batchtune/workload.h"
+#include "training_snapshot.h"
+
+namespace batchtune {
+namespace {
+
+/// The first line of an error: LibTorch appends C++ stack traces after it.
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+double quantile(std::vector<double>& sorted, double q) {
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+}  // namespace
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return quantile(values, 0.5);
+}
+
+double relative_spread(std::vector<double> values) {
+  if (values.size() < 2) return 0;
+  std::sort(values.begin(), values.end());
+  const double mid = quantile(values, 0.5);
+  return mid > 0 ? (quantile(values, 0.75) - quantile(values, 0.25)) / mid : 0;
+}
+
+TrialRunner::TrialRunner(Workload& workload, DeviceMemory& memory, double margin)
+    : workload_(workload), memory_(memory), margin_(margin) {
+  if (!(margin >= 0 && margin < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", margin));
+  }
+  memory_.set_usable_bytes(static_cast<int64_t>(
+      std::floor(static_cast<double>(memory_.capacity_bytes()) * (1 - margin_))));
+}
+
+TrialResult TrialRunner::run(const TrialOptions& options) {
+  if (options.batch_size() < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", options.batch_size()));
+  }
+  if (options.steps() < 1 || options.warmup_steps() < 0) {
+    throw Error(fmt::format("--steps: need at least 1 timed step and no negative warm-up, got "
+                            "{} and {}",
+                            options.steps(), options.warmup_steps()));
+  }
+  TrialResult result;
+  result.batch_size = options.batch_size();
+  result.capacity_bytes = memory_.capacity_bytes();
+  result.usable_bytes = memory_.usable_bytes();
+  result.margin = margin_;
+
+  TrainingSnapshot snapshot(workload_.model(), workload_.optimizer());
+  memory_.release_cached();
+  memory_.reset_peak();
+  try {
+    const Batch batch = workload_.synthetic_batch(options.batch_size());
+    for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
+      memory_.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      const at::Tensor loss = workload_.step(batch);
+      memory_.synchronize();
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      ++result.steps_run;
+      if (i >= options.warmup_steps()) result.step_seconds.push_back(elapsed.count());
+      if (i + 1 == options.warmup_steps() + options.steps()) result.loss = loss.item<double>();
+    }
+    result.fits = true;
+  } catch (const c10::OutOfMemoryError& e) {
+    result.fits = false;
+    result.failure = TrialFailure::kOutOfMemory;
+    result.error = first_line(e.what_without_backtrace());
+    // A failure mid-step leaves gradients behind: drop them before measuring.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  }
+  total_steps_ += result.steps_run;
+  result.peak_bytes = memory_.peak_bytes();
+  snapshot.restore();
+  memory_.release_cached();
+
+  if (result.fits && result.peak_bytes > result.usable_bytes) {
+    result.fits = false;
+    result.failure = TrialFailure::kOverBudget;
+    result.error = fmt::format("peak {} is above the usable {} ({} less {:.0f} % margin)",
+                               format_bytes(result.peak_bytes),
+                               format_bytes(result.usable_bytes),
+                               format_bytes(result.capacity_bytes), margin_ * 100);
+  }
+  if (!result.step_seconds.empty()) {
+    result.step_ms = median(result.step_seconds) * 1e3;
+    result.step_ms_spread = relative_spread(result.step_seconds);
+    result.samples_per_s = static_cast<double>(result.batch_size) / (result.step_ms / 1e3);
+  }
+  return result;
+}
+
+}  // namespace batchtune

@@ -1,0 +1,120 @@
+#include "batchtune/budget_allocator.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace {
+
+using batchtune::BudgetAllocator;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+/// Restores an unlimited budget after each test.
+class BudgetAllocatorTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    budget_.set_budget(BudgetAllocator::kUnlimited);
+    budget_.reset_peak();
+  }
+  void TearDown() override { budget_.set_budget(BudgetAllocator::kUnlimited); }
+
+  BudgetAllocator& budget_ = BudgetAllocator::install();
+};
+
+TEST_F(BudgetAllocatorTest, IsLibTorchsCpuAllocator) {
+  EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CPU), &budget_);
+  EXPECT_EQ(BudgetAllocator::installed(), &budget_);
+}
+
+TEST_F(BudgetAllocatorTest, CountsLiveAndPeakBytes) {
+  const int64_t before = budget_.live_bytes();
+  {
+    auto a = torch::empty({kMiB / 4}, torch::kFloat);  // 1 MiB
+    EXPECT_EQ(budget_.live_bytes(), before + kMiB);
+    {
+      auto b = torch::empty({kMiB / 2}, torch::kFloat);  // 2 MiB
+      EXPECT_EQ(budget_.live_bytes(), before + 3 * kMiB);
+    }
+    EXPECT_EQ(budget_.live_bytes(), before + kMiB);
+  }
+  EXPECT_EQ(budget_.live_bytes(), before);
+  EXPECT_EQ(budget_.peak_bytes(), before + 3 * kMiB);
+  budget_.reset_peak();
+  EXPECT_EQ(budget_.peak_bytes(), before);
+}
+
+TEST_F(BudgetAllocatorTest, ThrowsCudaStyleOutOfMemoryPastTheBudget) {
+  const int64_t before = budget_.live_bytes();
+  budget_.set_budget(before + 4 * kMiB);
+  auto fits = torch::empty({kMiB / 4 * 3}, torch::kFloat);  // 3 MiB
+  const int64_t refused = budget_.oom_count();
+  EXPECT_THROW(torch::empty({kMiB / 2}, torch::kFloat), c10::OutOfMemoryError);
+  EXPECT_EQ(budget_.oom_count(), refused + 1);
+  EXPECT_EQ(budget_.live_bytes(), before + 3 * kMiB);
+}
+
+TEST_F(BudgetAllocatorTest, RecoversAfterOutOfMemoryInsideAStep) {
+  torch::manual_seed(0);
+  torch::nn::Linear layer(256, 256);
+  const int64_t before = budget_.live_bytes();
+  budget_.set_budget(before + 6 * kMiB);
+  bool thrown = false;
+  try {
+    auto x = torch::randn({4096, 256});  // 4 MiB fits; its 4 MiB output does not
+    layer(x).sum().backward();
+  } catch (const c10::OutOfMemoryError& e) {
+    thrown = true;
+    EXPECT_NE(std::string(e.what()).find("out of memory"), std::string::npos);
+  }
+  EXPECT_TRUE(thrown);
+  layer->zero_grad(true);
+  EXPECT_EQ(budget_.live_bytes(), before);
+  // A smaller batch runs within the same budget.
+  auto x = torch::randn({64, 256});
+  layer(x).sum().backward();
+  EXPECT_TRUE(layer->weight.grad().defined());
+}
+
+TEST_F(BudgetAllocatorTest, UncountedScopeKeepsHostCopiesOutOfTheBudget) {
+  const int64_t before = budget_.live_bytes();
+  budget_.set_budget(before + kMiB);
+  torch::Tensor copy;
+  {
+    BudgetAllocator::UncountedScope uncounted;
+    copy = torch::zeros({kMiB}, torch::kFloat);  // 4 MiB, above the budget
+  }
+  EXPECT_EQ(budget_.live_bytes(), before);
+  copy.reset();
+  EXPECT_EQ(budget_.live_bytes(), before);
+}
+
+TEST_F(BudgetAllocatorTest, CachesFreedBlocksAndReleasesThem) {
+  budget_.release_cached();
+  void* first = nullptr;
+  {
+    auto a = torch::empty({kMiB}, torch::kFloat);
+    first = a.data_ptr();
+  }
+  EXPECT_GE(budget_.cached_bytes(), 4 * kMiB);
+  {
+    auto b = torch::empty({kMiB}, torch::kFloat);
+    EXPECT_EQ(b.data_ptr(), first);  // the same block, no page faults
+  }
+  budget_.release_cached();
+  EXPECT_EQ(budget_.cached_bytes(), 0);
+  budget_.set_caching(false);
+  { auto c = torch::empty({kMiB}, torch::kFloat); }
+  EXPECT_EQ(budget_.cached_bytes(), 0);
+  budget_.set_caching(true);
+}
+
+TEST_F(BudgetAllocatorTest, ReturnsAlignedPointersEqualToTheirContext) {
+  for (size_t bytes : {1, 63, 4096, 1 << 20, (1 << 20) + 7}) {
+    void* raw = budget_.raw_allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(raw) % 64, 0u);
+    budget_.raw_deallocate(raw);
+  }
+}
+
+}  // namespace

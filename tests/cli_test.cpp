@@ -1,0 +1,109 @@
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include "cli_runner.h"
+
+namespace {
+
+using batchtune::testing::run_cli;
+
+int count_lines(const std::string& text) {
+  int lines = 0;
+  for (char c : text) lines += c == '\n';
+  return lines;
+}
+
+struct BadInput {
+  const char* args;
+  const char* named;  ///< what the one-line message must name
+};
+
+class CliBadInput : public ::testing::TestWithParam<BadInput> {};
+
+TEST_P(CliBadInput, ExitsTwoWithOneLineNamingTheInput) {
+  const auto r = run_cli(GetParam().args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().named), std::string::npos) << r.output;
+  EXPECT_EQ(count_lines(r.output), 1) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Probe, CliBadInput,
+    ::testing::Values(
+        BadInput{"probe --model vgg --batch-size 4", "--model"},
+        BadInput{"probe --model convnet --batch-size 0", "--batch-size"},
+        BadInput{"probe --batch-size 4 --input 3xx64", "--input"},
+        BadInput{"probe --batch-size 4 --input 3x0x64", "--input"},
+        BadInput{"probe --batch-size 4 --memory-limit 12parsecs", "--memory-limit"},
+        BadInput{"probe --batch-size 4 --memory-limit 0", "--memory-limit"},
+        BadInput{"probe --model resnet18 --batch-size 4 --memory-limit 1MiB", "--memory-limit"},
+        BadInput{"probe --batch-size 4 --device gpu", "--device"},
+        BadInput{"probe --batch-size 4 --optimizer lbfgs", "--optimizer"},
+        BadInput{"probe --batch-size 4 --margin 1.5", "--margin"},
+        BadInput{"probe --batch-size 4 --classes 1", "--classes"},
+        BadInput{"probe --batch-size 4 --threads -1", "--threads"},
+        BadInput{"probe --batch-size 4 --lr -1", "--lr"},
+        BadInput{"probe --batch-size abc", "--batch-size"},
+        BadInput{"probe", "--batch-size"},
+        BadInput{"probe --batch-size 2 --model lenet --input 1x4x4", "--input"},
+        BadInput{"frobnicate", "frobnicate"}));
+
+TEST(Cli, EnvSaysPlainlyWhetherThereIsAGpu) {
+  const auto r = run_cli("env");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LibTorch"), std::string::npos);
+  EXPECT_NE(r.output.find("CPU"), std::string::npos);
+  const auto j = run_cli("env --json");
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  const auto env = nlohmann::json::parse(j.output);
+  for (const char* key : {"torch_version", "torch_cuda", "cuda_available", "device_count",
+                          "devices", "nvml_available", "cpu_model", "cpu_cores", "threads",
+                          "ram_total_bytes"}) {
+    EXPECT_TRUE(env.contains(key)) << key;
+  }
+  if (!env["cuda_available"].get<bool>()) {
+    EXPECT_NE(r.output.find("no GPU"), std::string::npos) << r.output;
+    EXPECT_FALSE(env["cuda_reason"].is_null());
+    EXPECT_EQ(env["device_count"], 0);
+  }
+  EXPECT_GE(env["threads"].get<int>(), 1);
+}
+
+TEST(Cli, ProbeThatFitsAndOneThatDoesNotBothExitZero) {
+  const auto fits = run_cli(
+      "probe --model convnet --input 3x32x32 --batch-size 8 --memory-limit 256MiB "
+      "--device cpu --json -");
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  const auto j = nlohmann::json::parse(fits.output);
+  EXPECT_EQ(j["batch_size"], 8);
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_TRUE(j["error"].is_null());
+  EXPECT_GT(j["peak_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["capacity_bytes"].get<int64_t>(), int64_t{256} << 20);
+  EXPECT_GT(j["step_ms"].get<double>(), 0);
+  EXPECT_GT(j["samples_per_s"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(j["margin"].get<double>(), 0.1);
+  EXPECT_TRUE(j.contains("usable_bytes"));
+
+  const std::string path = ::testing::TempDir() + "probe_oom.json";
+  const auto oom = run_cli(
+      "probe --model convnet --input 3x32x32 --batch-size 4096 --memory-limit 64MiB "
+      "--device cpu --json " + path);
+  ASSERT_EQ(oom.exit_code, 0) << oom.output;
+  EXPECT_NE(oom.output.find("fits          no"), std::string::npos) << oom.output;
+  std::ifstream file(path);
+  const auto o = nlohmann::json::parse(file);
+  EXPECT_FALSE(o["fits"].get<bool>());
+  EXPECT_NE(o["error"].get<std::string>().find("out of memory"), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(Cli, HelpExitsZero) {
+  EXPECT_EQ(run_cli("--help").exit_code, 0);
+  EXPECT_EQ(run_cli("probe --help").exit_code, 0);
+}
+
+}  // namespace

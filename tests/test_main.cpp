@@ -1,0 +1,18 @@
+// The test binary's main: installs the CPU budget allocator before any tensor
+// exists (as the CLI does) and leaves out GPU-only tests (`*_CUDA`) when no
+// CUDA device is present.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include "batchtune/budget_allocator.h"
+
+int main(int argc, char** argv) {
+  batchtune::BudgetAllocator::install();
+  testing::InitGoogleTest(&argc, argv);
+  if (!torch::cuda::is_available()) {
+    std::string filter = testing::GTEST_FLAG(filter);
+    filter += filter.find('-') == std::string::npos ? "-*_CUDA" : ":*_CUDA";
+    testing::GTEST_FLAG(filter) = filter;
+  }
+  return RUN_ALL_TESTS();
+}

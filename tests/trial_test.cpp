@@ -1,0 +1,162 @@
+#include "batchtune/trial.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "batchtune/budget_allocator.h"
+#include "batchtune/device_memory.h"
+#include "batchtune/error.h"
+#include "batchtune/workload.h"
+
+namespace {
+
+using namespace batchtune;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : tensors) out.push_back(t.detach().clone());
+  return out;
+}
+
+void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
+}
+
+/// Adam's state, per parameter, as plain tensors.
+std::vector<torch::Tensor> adam_state(Workload& workload) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : workload.model().parameters()) {
+    auto& state = workload.optimizer().state();
+    auto it = state.find(p.unsafeGetTensorImpl());
+    if (it == state.end()) continue;
+    auto& adam = static_cast<torch::optim::AdamParamState&>(*it->second);
+    out.push_back(torch::tensor(adam.step()));
+    out.push_back(adam.exp_avg().clone());
+    out.push_back(adam.exp_avg_sq().clone());
+  }
+  return out;
+}
+
+struct Fixture {
+  explicit Fixture(const std::string& model, int64_t limit = 256 * kMiB)
+      : memory(make_device_memory(c10::Device(c10::kCPU), limit)),
+        workload(WorkloadOptions().model(model).input_shape({3, 32, 32}).seed(7)) {}
+  std::unique_ptr<DeviceMemory> memory;
+  Workload workload;
+};
+
+TEST(TrialRunner, FittingTrialMeasuresAndLeavesNoTrace) {
+  Fixture f("resnet18", 1024 * kMiB);  // has batch-norm buffers
+  // Some optimizer state before the trial, as in a run that is under way.
+  f.workload.step(f.workload.synthetic_batch(4));
+  const auto params = copies(f.workload.model().parameters());
+  const auto buffers = copies(f.workload.model().buffers());
+  const auto state = adam_state(f.workload);
+  ASSERT_FALSE(state.empty());
+  const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+  const int64_t live = f.memory->live_bytes();
+
+  TrialRunner runner(f.workload, *f.memory, 0.1);
+  const TrialResult r = runner.run(TrialOptions().batch_size(8).steps(2).warmup_steps(1));
+  EXPECT_TRUE(r.fits) << r.error;
+  EXPECT_TRUE(r.error.empty());
+  EXPECT_EQ(r.steps_run, 3);
+  EXPECT_EQ(r.step_seconds.size(), 2u);
+  EXPECT_GT(r.peak_bytes, live);
+  EXPECT_LE(r.peak_bytes, r.usable_bytes);
+  EXPECT_EQ(r.capacity_bytes, 1024 * kMiB);
+  EXPECT_EQ(r.usable_bytes, static_cast<int64_t>(1024 * kMiB * 0.9));
+  EXPECT_GT(r.samples_per_s, 0);
+  EXPECT_NEAR(r.samples_per_s, 8 / (r.step_ms / 1e3), 1e-6);
+
+  expect_identical(f.workload.model().parameters(), params);
+  expect_identical(f.workload.model().buffers(), buffers);
+  expect_identical(adam_state(f.workload), state);
+  for (const auto& p : f.workload.model().parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_EQ(f.memory->live_bytes(), live);
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng));
+}
+
+TEST(TrialRunner, OutOfMemoryBecomesAResultAndLeavesNoTrace) {
+  Fixture f("convnet", 24 * kMiB);
+  const auto params = copies(f.workload.model().parameters());
+  const int64_t live = f.memory->live_bytes();
+  ASSERT_TRUE(f.workload.optimizer().state().empty());
+
+  TrialRunner runner(f.workload, *f.memory);
+  const TrialResult r = runner.run(TrialOptions().batch_size(512));
+  EXPECT_FALSE(r.fits);
+  EXPECT_EQ(r.failure, TrialFailure::kOutOfMemory);
+  EXPECT_NE(r.error.find("out of memory"), std::string::npos) << r.error;
+  EXPECT_EQ(r.error.find('\n'), std::string::npos);
+  EXPECT_LE(r.peak_bytes, r.usable_bytes);
+
+  expect_identical(f.workload.model().parameters(), params);
+  EXPECT_TRUE(f.workload.optimizer().state().empty());  // the first step's state is gone
+  for (const auto& p : f.workload.model().parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_EQ(f.memory->live_bytes(), live);
+
+  // And a size that fits still runs afterwards.
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(2)).fits);
+}
+
+TEST(TrialRunner, CountsOptimizerStateCreatedByTheFirstStep) {
+  Fixture f("mlp");
+  TrialRunner runner(f.workload, *f.memory);
+  const int64_t params = parameter_bytes(f.workload.model());
+  const TrialResult r = runner.run(TrialOptions().batch_size(1).steps(1));
+  ASSERT_TRUE(r.fits);
+  // Parameters + gradients + Adam's two moments, at least.
+  EXPECT_GE(r.peak_bytes, 4 * params);
+}
+
+TEST(TrialRunner, PeakGrowsWithBatchSize) {
+  Fixture f("convnet");
+  TrialRunner runner(f.workload, *f.memory);
+  const TrialResult small = runner.run(TrialOptions().batch_size(4));
+  const TrialResult big = runner.run(TrialOptions().batch_size(64));
+  ASSERT_TRUE(small.fits && big.fits);
+  EXPECT_GT(big.peak_bytes, small.peak_bytes);
+  EXPECT_EQ(runner.total_steps(), 8);
+}
+
+TEST(TrialRunner, RejectsBadOptions) {
+  Fixture f("mlp");
+  EXPECT_THROW(TrialRunner(f.workload, *f.memory, 1.0), Error);
+  EXPECT_THROW(TrialRunner(f.workload, *f.memory, -0.1), Error);
+  TrialRunner runner(f.workload, *f.memory);
+  EXPECT_THROW(runner.run(TrialOptions().batch_size(0)), Error);
+  EXPECT_THROW(runner.run(TrialOptions().batch_size(1).steps(0)), Error);
+}
+
+TEST(TrialStatistics, MedianAndSpread) {
+  EXPECT_DOUBLE_EQ(median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(median({4, 1, 2, 3}), 2.5);
+  EXPECT_DOUBLE_EQ(median({}), 0);
+  EXPECT_DOUBLE_EQ(relative_spread({1, 1, 1}), 0);
+  EXPECT_NEAR(relative_spread({1, 2, 3, 4, 5}), 2.0 / 3.0, 1e-12);
+}
+
+TEST(DeviceMemory, UnknownOrMissingDevicesAreUserErrors) {
+  EXPECT_THROW(parse_device("gpu"), Error);
+  EXPECT_THROW(parse_device("cuda:x"), Error);
+  EXPECT_EQ(parse_device("cpu"), c10::Device(c10::kCPU));
+  if (!torch::cuda::is_available()) {
+    EXPECT_THROW(parse_device("cuda"), Error);
+    EXPECT_EQ(parse_device("auto"), c10::Device(c10::kCPU));
+  }
+}
+
+TEST(TrialRunner, FitsAndOverflowsOnTheGpu_CUDA) {
+  auto memory = make_device_memory(c10::Device(c10::kCUDA, 0), 512 * kMiB);
+  Workload workload(WorkloadOptions().model("resnet18").device(c10::Device(c10::kCUDA, 0)));
+  TrialRunner runner(workload, *memory);
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(8)).fits);
+  const TrialResult big = runner.run(TrialOptions().batch_size(4096));
+  EXPECT_FALSE(big.fits);
+}
+
+}  // namespace

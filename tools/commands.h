@@ -1,0 +1,18 @@
+#pragma once
+
+// The CLI's subcommands. Each `add_*_command` declares its flags on `app` and
+// returns what runs once the command line has been parsed; main.cpp holds the
+// table of them.
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace batchtune::cli {
+
+using CommandRun = std::function<int()>;
+
+CommandRun add_env_command(CLI::App& app);
+CommandRun add_probe_command(CLI::App& app);
+
+}  // namespace batchtune::cli

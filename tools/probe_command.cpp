@@ -1,0 +1,56 @@
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "batchtune/console_reporter.h"
+#include "batchtune/error.h"
+#include "batchtune/json_reporter.h"
+#include "batchtune/trial.h"
+#include "commands.h"
+#include "workload_flags.h"
+
+namespace batchtune::cli {
+namespace {
+
+struct ProbeFlags {
+  WorkloadFlags workload;
+  int64_t batch_size = 0;
+  int64_t steps = 3;
+  int64_t warmup = 1;
+  double margin = kDefaultMargin;
+  std::string json;
+};
+
+int run_probe(const ProbeFlags& flags) {
+  ResolvedWorkload resolved = resolve_workload(flags.workload);
+  TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
+  const TrialResult result = runner.run(TrialOptions()
+                                            .batch_size(flags.batch_size)
+                                            .steps(flags.steps)
+                                            .warmup_steps(flags.warmup));
+  if (flags.json != "-") {
+    fmt::print("{} on {}, {} thread(s)\n", resolved.workload->model().describe(),
+               resolved.memory->device().str(), resolved.threads);
+    print_trial(std::cout, result);
+  }
+  if (!flags.json.empty()) write_json_output(flags.json, to_json(result));
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_probe_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("probe", "run the real training step at one batch size");
+  auto flags = std::make_shared<ProbeFlags>();
+  add_workload_flags(*cmd, flags->workload);
+  cmd->add_option("--batch-size", flags->batch_size, "batch size to try")->required();
+  cmd->add_option("--steps", flags->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--warmup", flags->warmup, "untimed steps before them")->capture_default_str();
+  cmd->add_option("--margin", flags->margin,
+                  "share of the capacity kept free (fits = peak <= capacity x (1 - margin))")
+      ->capture_default_str();
+  cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
+  return [flags] { return run_probe(*flags); };
+}
+
+}  // namespace batchtune::cli
