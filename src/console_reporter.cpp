@@ -41,4 +41,31 @@ void print_trial(std::ostream& out, const TrialResult& trial) {
   }
 }
 
+std::string trial_progress_line(const TrialResult& trial, size_t index) {
+  return fmt::format("trial {}: batch {} ... {}", index + 1, trial.batch_size,
+                     trial.fits ? fmt::format("fits, peak {}", format_bytes(trial.peak_bytes))
+                                : "does not fit");
+}
+
+void print_search(std::ostream& out, const SearchResult& search) {
+  fmt::print(out, "{:>5}  {:>10}  {:<13}  {:>12}  {:>10}\n", "trial", "batch", "fits",
+             "peak", "step ms");
+  for (size_t i = 0; i < search.trials.size(); ++i) {
+    const TrialResult& t = search.trials[i];
+    const char* fits = t.fits ? "yes"
+                       : t.failure == TrialFailure::kOverBudget ? "no (budget)"
+                                                                : "no (OOM)";
+    fmt::print(out, "{:>5}  {:>10}  {:<13}  {:>12}  {:>10}\n", i + 1, t.batch_size, fits,
+               format_bytes(t.peak_bytes), t.fits ? fmt::format("{:.1f}", t.step_ms) : "-");
+  }
+  if (!search.trials.empty()) {
+    const TrialResult& t = search.trials.front();
+    fmt::print(out, "usable memory {} ({} capacity less {:.0f} % margin)\n",
+               format_bytes(t.usable_bytes), format_bytes(t.capacity_bytes), t.margin * 100);
+  }
+  fmt::print(out, "largest batch that fits: {} ({}; {} trials, {} steps, {:.1f} s, strategy {})\n",
+             search.max_batch_size, search.stop_reason, search.trials.size(), search.steps,
+             search.seconds, to_string(search.strategy));
+}
+
 }  // namespace batchtune

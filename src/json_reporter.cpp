@@ -67,4 +67,29 @@ nlohmann::json to_json(const TrialResult& trial) {
   };
 }
 
+nlohmann::json to_json(const SearchResult& search) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& t : search.trials) trials.push_back(to_json(t));
+  nlohmann::json out = {
+      {"max_batch_size", search.max_batch_size},
+      {"search",
+       {{"strategy", to_string(search.strategy)},
+        {"trials", search.trials.size()},
+        {"steps", search.steps},
+        {"seconds", search.seconds},
+        {"smallest_failure", search.smallest_failure ? nlohmann::json(*search.smallest_failure)
+                                                     : nlohmann::json(nullptr)},
+        {"hit_time_budget", search.hit_time_budget},
+        {"hit_max_batch", search.hit_max_batch},
+        {"stop_reason", search.stop_reason}}},
+      {"trials", trials},
+  };
+  if (!search.trials.empty()) {
+    out["margin"] = search.trials.front().margin;
+    out["capacity_bytes"] = search.trials.front().capacity_bytes;
+    out["usable_bytes"] = search.trials.front().usable_bytes;
+  }
+  return out;
+}
+
 }  // namespace batchtune

@@ -107,3 +107,39 @@ TEST(Cli, HelpExitsZero) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, TuneSearchOnlyFindsAMaximumThatProbeConfirms) {
+  const std::string workload =
+      "--model convnet --input 3x32x32 --memory-limit 64MiB --device cpu";
+  const auto r = run_cli("tune --search-only " + workload + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  const int64_t max = j["max_batch_size"].get<int64_t>();
+  EXPECT_GT(max, 0);
+  EXPECT_EQ(j["search"]["strategy"], "predict");
+  EXPECT_EQ(j["search"]["trials"].get<size_t>(), j["trials"].size());
+  EXPECT_GT(j["search"]["steps"].get<int64_t>(), 0);
+  EXPECT_GE(j["search"]["seconds"].get<double>(), 0);
+  EXPECT_TRUE(j["complete"].get<bool>());
+  for (const auto& t : j["trials"]) {
+    EXPECT_TRUE(t.contains("batch_size") && t.contains("fits") && t.contains("peak_bytes"));
+  }
+  const auto at_max = run_cli("probe " + workload + " --batch-size " + std::to_string(max) +
+                              " --json -");
+  EXPECT_TRUE(nlohmann::json::parse(at_max.output)["fits"].get<bool>()) << at_max.output;
+  const auto above = run_cli("probe " + workload + " --batch-size " +
+                             std::to_string(static_cast<int64_t>(max * 1.05 + 1)) + " --json -");
+  EXPECT_FALSE(nlohmann::json::parse(above.output)["fits"].get<bool>()) << above.output;
+}
+
+TEST(Cli, TuneBadSearchFlagsExitTwo) {
+  for (const char* args : {"tune --strategy random", "tune --max-batch 0",
+                           "tune --time-budget -1", "tune --search-tolerance 2"}) {
+    const auto r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+  }
+}
+
+}  // namespace

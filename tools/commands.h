@@ -14,5 +14,6 @@ using CommandRun = std::function<int()>;
 
 CommandRun add_env_command(CLI::App& app);
 CommandRun add_probe_command(CLI::App& app);
+CommandRun add_tune_command(CLI::App& app);
 
 }  // namespace batchtune::cli

@@ -21,6 +21,7 @@ struct CommandEntry {
 constexpr CommandEntry kCommands[] = {
     {"env", batchtune::cli::add_env_command},
     {"probe", batchtune::cli::add_probe_command},
+    {"tune", batchtune::cli::add_tune_command},
 };
 
 constexpr int kExitBadInput = 2;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batchtune/environment.h"
+#include "batchtune/search.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -14,5 +15,10 @@ nlohmann::json to_json(const Environment& env);
 /// `fits`, `peak_bytes`, `capacity_bytes`, `usable_bytes`, `margin`,
 /// `step_ms`, `samples_per_s`, `error` (null when it fits) and more.
 nlohmann::json to_json(const TrialResult& trial);
+
+/// JSON of a search, as `batchtune tune --search-only --json` writes it:
+/// `max_batch_size`, `search` {`strategy`, `trials`, `steps`, `seconds`, ...}
+/// and `trials` (probe-shaped objects).
+nlohmann::json to_json(const SearchResult& search);
 
 }  // namespace batchtune

@@ -1,0 +1,97 @@
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "batchtune/console_reporter.h"
+#include "batchtune/error.h"
+#include "batchtune/json_reporter.h"
+#include "batchtune/search.h"
+#include "batchtune/trial.h"
+#include "commands.h"
+#include "workload_flags.h"
+
+namespace batchtune::cli {
+namespace {
+
+// Search trials: one untimed step (it allocates the optimizer state, which
+// must be counted) and one timed step.
+constexpr int64_t kSearchWarmupSteps = 1;
+constexpr int64_t kSearchTimedSteps = 1;
+
+struct TuneFlags {
+  WorkloadFlags workload;
+  std::string strategy = "predict";
+  int64_t max_batch = kDefaultMaxBatch;
+  double time_budget = kDefaultTimeBudgetSeconds;
+  double margin = kDefaultMargin;
+  double search_tolerance = kDefaultSearchTolerance;
+  bool search_only = false;
+  std::string json;
+};
+
+int run_tune(const TuneFlags& flags) {
+  const SearchOptions options = SearchOptions()
+                                    .strategy(parse_search_strategy(flags.strategy))
+                                    .max_batch(flags.max_batch)
+                                    .time_budget_s(flags.time_budget)
+                                    .tolerance(flags.search_tolerance);
+  ResolvedWorkload resolved = resolve_workload(flags.workload);
+  TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
+  const bool to_stdout = flags.json == "-";
+  std::ostream& out = to_stdout ? std::cerr : std::cout;
+  fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
+             resolved.workload->model().describe(), resolved.memory->device().str(),
+             resolved.threads, to_string(options.strategy()));
+
+  // A progress line on a terminal only, overwritten in place.
+  const bool progress = isatty(fileno(stderr)) != 0;
+  const SearchResult search = search_max_batch(
+      [&](int64_t batch) {
+        if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
+        return runner.run(TrialOptions()
+                              .batch_size(batch)
+                              .steps(kSearchTimedSteps)
+                              .warmup_steps(kSearchWarmupSteps));
+      },
+      options, {},
+      [&](const TrialResult& trial, size_t index) {
+        if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
+      });
+  if (progress) fmt::print(stderr, "\r\033[K");
+  print_search(out, search);
+
+  nlohmann::json json = to_json(search);
+  json["complete"] = true;
+  if (!flags.json.empty()) write_json_output(flags.json, json);
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_tune_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "tune", "find the largest batch that fits, then the fastest, and plan training");
+  auto flags = std::make_shared<TuneFlags>();
+  add_workload_flags(*cmd, flags->workload);
+  cmd->add_option("--strategy", flags->strategy, "search: predict, power, binsearch or backoff")
+      ->capture_default_str();
+  cmd->add_option("--max-batch", flags->max_batch, "never try a batch above this")
+      ->capture_default_str();
+  cmd->add_option("--time-budget", flags->time_budget,
+                  "seconds; the search stops with the best size found so far")
+      ->capture_default_str();
+  cmd->add_option("--margin", flags->margin,
+                  "share of the capacity kept free (fits = peak <= capacity x (1 - margin))")
+      ->capture_default_str();
+  cmd->add_option("--search-tolerance", flags->search_tolerance,
+                  "predict stops once the true limit is at most this share above its answer")
+      ->capture_default_str();
+  cmd->add_flag("--search-only", flags->search_only, "only search the largest batch that fits");
+  cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
+  return [flags] { return run_tune(*flags); };
+}
+
+}  // namespace batchtune::cli
