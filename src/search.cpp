@@ -115,6 +115,14 @@ std::optional<int64_t> predicted_limit(const std::vector<TrialResult>& trials) {
   return hi.batch_size + static_cast<int64_t>(std::floor(room / per_sample));
 }
 
+/// The line through the two largest fits puts the limit at most `tolerance`
+/// above the largest fit: a larger trial would only confirm it.
+bool closed_by_line(const Bracket& b, int64_t predicted, const SearchOptions& options) {
+  return predicted >= b.best_fit &&
+         static_cast<double>(predicted) <=
+             static_cast<double>(b.best_fit) * (1 + options.tolerance());
+}
+
 std::optional<int64_t> next_predict(const std::vector<TrialResult>& trials,
                                     const SearchOptions& options) {
   const int64_t cap = options.max_batch();
@@ -133,6 +141,7 @@ std::optional<int64_t> next_predict(const std::vector<TrialResult>& trials,
     return std::clamp(second, lower, upper);
   }
   const int64_t predicted = *predicted_limit(trials);
+  if (closed_by_line(b, predicted, options)) return std::nullopt;
   const bool last_failed = !trials.back().fits;
   const bool two_failed = trials.size() >= 2 && last_failed && !trials[trials.size() - 2].fits;
   int64_t next = 0;
@@ -240,6 +249,12 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
     result.stop_reason = "not even batch size 1 fits";
   } else if (result.hit_max_batch) {
     result.stop_reason = fmt::format("reached --max-batch {}", options.max_batch());
+  } else if (b.first_fail && closed(b, options)) {
+    result.stop_reason = fmt::format("{} fits and {} does not", b.best_fit, *b.first_fail);
+  } else if (options.strategy() == SearchStrategy::kPredict) {
+    result.stop_reason = fmt::format(
+        "{} fits, and the peak measured against batch size puts the limit within {:.0f} % above it",
+        b.best_fit, options.tolerance() * 100);
   } else if (b.first_fail) {
     result.stop_reason = fmt::format("{} fits and {} does not", b.best_fit, *b.first_fail);
   } else {
