@@ -63,6 +63,7 @@ nlohmann::json to_json(const TrialResult& trial) {
       {"step_ms", trial.step_ms},
       {"step_ms_spread", trial.step_ms_spread},
       {"samples_per_s", trial.samples_per_s},
+      {"busy", trial.busy},
       {"error", string_or_null(trial.error)},
   };
 }

@@ -69,15 +69,22 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
   memory_.release_cached();
   memory_.reset_peak();
   try {
-    const Batch batch = workload_.synthetic_batch(options.batch_size());
+    Batch cached;
+    if (!options.batch_source()) cached = workload_.synthetic_batch(options.batch_size());
     for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
       memory_.synchronize();
       const auto start = std::chrono::steady_clock::now();
+      const Batch batch =
+          options.batch_source() ? options.batch_source()(options.batch_size()) : cached;
+      const auto ready = std::chrono::steady_clock::now();
       const at::Tensor loss = workload_.step(batch);
       memory_.synchronize();
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+      const auto end = std::chrono::steady_clock::now();
       ++result.steps_run;
-      if (i >= options.warmup_steps()) result.step_seconds.push_back(elapsed.count());
+      if (i >= options.warmup_steps()) {
+        result.step_seconds.push_back(std::chrono::duration<double>(end - start).count());
+        result.wait_seconds.push_back(std::chrono::duration<double>(ready - start).count());
+      }
       if (i + 1 == options.warmup_steps() + options.steps()) result.loss = loss.item<double>();
     }
     result.fits = true;
@@ -87,6 +94,13 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.error = first_line(e.what_without_backtrace());
     // A failure mid-step leaves gradients behind: drop them before measuring.
     workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  } catch (...) {
+    // Not a size limit (a shape mismatch...): the caller stops, but the model
+    // is left as it was all the same.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+    snapshot.restore();
+    memory_.release_cached();
+    throw;
   }
   total_steps_ += result.steps_run;
   result.peak_bytes = memory_.peak_bytes();
@@ -105,6 +119,13 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.step_ms = median(result.step_seconds) * 1e3;
     result.step_ms_spread = relative_spread(result.step_seconds);
     result.samples_per_s = static_cast<double>(result.batch_size) / (result.step_ms / 1e3);
+    double total = 0;
+    double waiting = 0;
+    for (size_t i = 0; i < result.step_seconds.size(); ++i) {
+      total += result.step_seconds[i];
+      waiting += result.wait_seconds[i];
+    }
+    result.busy = total > 0 ? (total - waiting) / total : 0;
   }
   return result;
 }

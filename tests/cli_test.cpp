@@ -143,3 +143,44 @@ TEST(Cli, TuneBadSearchFlagsExitTwo) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, TuneSweepsChoosesAndReports) {
+  const std::string html = ::testing::TempDir() + "tune_report.html";
+  const auto r = run_cli(
+      "tune --model mlp --input 1x8x8 --memory-limit 4MiB --device cpu --max-batch 64 "
+      "--report " + html + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  ASSERT_FALSE(j["sweep"].empty());
+  const int64_t chosen = j["chosen_batch_size"].get<int64_t>();
+  bool chosen_in_sweep = false;
+  for (const auto& row : j["sweep"]) {
+    for (const char* key : {"batch_size", "samples_per_s", "step_ms", "busy", "utilization",
+                            "peak_bytes", "energy_j_per_sample"}) {
+      EXPECT_TRUE(row.contains(key)) << key;
+    }
+    EXPECT_LE(row["batch_size"].get<int64_t>(), j["max_batch_size"].get<int64_t>());
+    chosen_in_sweep |= row["batch_size"].get<int64_t>() == chosen;
+  }
+  EXPECT_TRUE(chosen_in_sweep);
+  EXPECT_EQ(j["objective"], "throughput");
+  EXPECT_FALSE(j["diagnosis"]["kind"].get<std::string>().empty());
+  std::ifstream page(html);
+  const std::string text((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("chosen: " + std::to_string(chosen)), std::string::npos);
+  std::remove(html.c_str());
+}
+
+TEST(Cli, TuneMaxFitChoosesTheLargest) {
+  const auto r = run_cli(
+      "tune --model mlp --input 1x8x8 --memory-limit 4MiB --device cpu --max-batch 32 "
+      "--objective max-fit --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_EQ(j["chosen_batch_size"], j["max_batch_size"]);
+}
+
+}  // namespace

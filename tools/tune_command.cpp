@@ -9,6 +9,9 @@
 #include "batchtune/error.h"
 #include "batchtune/json_reporter.h"
 #include "batchtune/search.h"
+#include "batchtune/sweep.h"
+#include "batchtune/tune_report.h"
+#include "batchtune/atomic_file.h"
 #include "batchtune/trial.h"
 #include "commands.h"
 #include "workload_flags.h"
@@ -29,7 +32,10 @@ struct TuneFlags {
   double margin = kDefaultMargin;
   double search_tolerance = kDefaultSearchTolerance;
   bool search_only = false;
+  std::string objective = "throughput";
+  double tolerance = kDefaultThroughputTolerance;
   std::string json;
+  std::string report;
 };
 
 int run_tune(const TuneFlags& flags) {
@@ -38,6 +44,13 @@ int run_tune(const TuneFlags& flags) {
                                     .max_batch(flags.max_batch)
                                     .time_budget_s(flags.time_budget)
                                     .tolerance(flags.search_tolerance);
+  const Objective objective = parse_objective(flags.objective);
+  if (!(flags.tolerance >= 0 && flags.tolerance < 1)) {
+    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}", flags.tolerance));
+  }
+  if (!flags.report.empty() && flags.search_only) {
+    throw Error("--report: needs the sweep; leave out --search-only");
+  }
   ResolvedWorkload resolved = resolve_workload(flags.workload);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const bool to_stdout = flags.json == "-";
@@ -63,7 +76,38 @@ int run_tune(const TuneFlags& flags) {
   if (progress) fmt::print(stderr, "\r\033[K");
   print_search(out, search);
 
-  nlohmann::json json = to_json(search);
+  TuneReport report;
+  report.workload = resolved.workload->model().describe();
+  report.device = resolved.memory->device().str();
+  report.threads = resolved.threads;
+  report.search = search;
+  report.objective = objective;
+  report.capacity_bytes = resolved.memory->capacity_bytes();
+  report.usable_bytes = resolved.memory->usable_bytes();
+  report.margin = flags.margin;
+  if (!flags.search_only && search.max_batch_size > 0) {
+    const auto grid = sweep_grid(search.max_batch_size);
+    fmt::print(out, "\nsweep: timing {} batch sizes up to {}\n", grid.size(),
+               search.max_batch_size);
+    report.sweep = run_sweep(
+        [&](const TrialOptions& options) {
+          if (progress) fmt::print(stderr, "\r\033[Ksweep: batch {} ...", options.batch_size());
+          return runner.run(options);
+        },
+        grid, search.trials);
+    if (progress) fmt::print(stderr, "\r\033[K");
+    if (!report.sweep.empty()) {
+      report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
+      report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
+    }
+    print_sweep(out, report);
+  }
+
+  if (!flags.report.empty()) {
+    write_file_atomically(flags.report, html_report(report));
+    fmt::print(out, "report: {}\n", flags.report);
+  }
+  nlohmann::json json = flags.search_only ? to_json(search) : to_json(report);
   json["complete"] = true;
   if (!flags.json.empty()) write_json_output(flags.json, json);
   return 0;
@@ -90,6 +134,13 @@ CommandRun add_tune_command(CLI::App& app) {
                   "predict stops once the true limit is at most this share above its answer")
       ->capture_default_str();
   cmd->add_flag("--search-only", flags->search_only, "only search the largest batch that fits");
+  cmd->add_option("--objective", flags->objective,
+                  "throughput (smallest batch within --tolerance of the fastest) or max-fit")
+      ->capture_default_str();
+  cmd->add_option("--tolerance", flags->tolerance,
+                  "share of the best throughput within which the smallest batch is chosen")
+      ->capture_default_str();
+  cmd->add_option("--report", flags->report, "write an HTML report with plots to FILE");
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   return [flags] { return run_tune(*flags); };
 }

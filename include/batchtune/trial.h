@@ -3,6 +3,8 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,11 @@ namespace batchtune {
 
 class DeviceMemory;
 class Workload;
+struct Batch;
+
+/// Gives the trial its input, one batch per step (a data loader). The time
+/// it takes is the step's data wait.
+using BatchSource = std::function<Batch(int64_t batch_size)>;
 
 /// Headroom kept off the device's capacity before anything is compared:
 /// 10 %, for allocator fragmentation and for memory that grows after the
@@ -24,6 +31,9 @@ struct TrialOptions {
   /// Untimed steps before them: the first step allocates the optimizer state
   /// and the allocators' caches, and LibTorch picks its kernels.
   TORCH_ARG(int64_t, warmup_steps) = 1;
+  /// Where each step's batch comes from; by default one synthetic batch made
+  /// before the first step and reused (no data wait).
+  TORCH_ARG(BatchSource, batch_source) = nullptr;
 };
 
 /// Why a trial did not fit.
@@ -47,8 +57,16 @@ struct TrialResult {
   double margin = kDefaultMargin;
   /// Training steps run, warm-up included.
   int64_t steps_run = 0;
-  /// Seconds of each timed step.
+  /// Seconds of each timed step: waiting for its batch, then computing.
   std::vector<double> step_seconds;
+  /// Of which waiting for the input batch.
+  std::vector<double> wait_seconds;
+  /// Compute time over step time, over the timed steps (1 = never waiting).
+  double busy = 0;
+  /// Mean device utilization % during the trial, where a monitor measured it.
+  std::optional<double> utilization;
+  /// Device energy during the timed steps, where a counter exists.
+  std::optional<double> energy_joules;
   double step_ms = 0;         ///< median step time
   double step_ms_spread = 0;  ///< interquartile range / median (0 = steady)
   double samples_per_s = 0;   ///< batch size / median step time
