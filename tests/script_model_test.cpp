@@ -190,6 +190,29 @@ TEST(ScriptModel, ModelsOwnLossTrains) {
   EXPECT_LT(last, 0.8 * first) << first << " -> " << last;
 }
 
+TEST(ScriptModel, SeveralInputsOfOtherDtypes) {
+  torch::manual_seed(4);
+  torch::jit::Module m("MaskedTokenNet");
+  m.register_parameter("embedding", trainable(torch::randn({kVocab, kEmbedding}) * 0.1), false);
+  m.register_parameter("head", trainable(torch::randn({kEmbedding, kVocab}) * 0.1), false);
+  m.define(R"(
+    def forward(self, tokens, mask):
+        h = torch.tanh(torch.embedding(self.embedding, tokens)) * mask.float().unsqueeze(-1)
+        return torch.matmul(h, self.head)
+  )");
+  TempFile file("masked.pt");
+  InputSpec spec = token_spec(kTokens, kVocab);
+  spec.inputs.push_back({{kTokens}, c10::kBFloat16, 0, "mask"});
+  Workload workload(WorkloadOptions().model(saved(m, file)).input_spec(spec).lr(1e-2));
+  const Batch batch = workload.synthetic_batch(4);
+  ASSERT_EQ(batch.inputs.size(), 2u);
+  EXPECT_EQ(batch.inputs[0].scalar_type(), at::kLong);
+  EXPECT_EQ(batch.inputs[1].scalar_type(), at::kBFloat16);
+  EXPECT_EQ(batch.inputs[1].sizes(), (std::vector<int64_t>{4, kTokens}));
+  const auto [first, last] = train_on_one_batch(workload, 20);
+  EXPECT_LT(last, first);
+}
+
 TEST(ScriptModel, TrialLeavesNoTrace) {
   TempFile file("float.pt");
   Workload workload(float_options(saved(float_module(), file)));

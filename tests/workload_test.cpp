@@ -48,6 +48,18 @@ TEST(Workload, BadChoicesAreUserErrors) {
   EXPECT_THROW(Workload(WorkloadOptions().classes(1)), Error);
 }
 
+TEST(Workload, RegressionTargetsTrainWithMse) {
+  InputSpec spec = parse_input_flags(InputFlags().inputs({"16"}).target("float:3"));
+  Workload workload(WorkloadOptions().model("mlp").input_spec(spec).seed(2).lr(1e-2));
+  const Batch batch = workload.synthetic_batch(8);
+  EXPECT_EQ(batch.target.sizes(), (std::vector<int64_t>{8, 3}));
+  EXPECT_EQ(batch.target.scalar_type(), at::kFloat);
+  const double first = workload.step(batch).item<double>();
+  double last = first;
+  for (int i = 0; i < 30; ++i) last = workload.step(batch).item<double>();
+  EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
+}
+
 TEST(Workload, SyntheticBatchesAreSeeded) {
   Workload a(WorkloadOptions().seed(3));
   Workload b(WorkloadOptions().seed(3));
