@@ -49,6 +49,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size abc", "--batch-size"},
         BadInput{"probe", "--batch-size"},
         BadInput{"probe --batch-size 2 --model lenet --input 1x4x4", "--input"},
+        BadInput{"probe --batch-size 2 --input int64:128", "--vocab"},
+        BadInput{"probe --batch-size 2 --input 3x8x8 --vocab 100", "--vocab"},
+        BadInput{"probe --batch-size 2 --input float8:3x8x8", "--input"},
+        BadInput{"probe --batch-size 2 --loss hinge", "--loss"},
+        BadInput{"probe --batch-size 2 --loss model", "--loss"},
+        BadInput{"probe --batch-size 2 --target float", "--target"},
+        BadInput{"probe --batch-size 2 --input-spec /nonexistent/spec.json", "--input-spec"},
+        BadInput{"probe --batch-size 2 --input-spec s.json --input 3x8x8", "--input-spec"},
+        BadInput{"probe --batch-size 2 --model gpt --width 30 --heads 4", "--width"},
+        BadInput{"probe --batch-size 2 --model gpt --classes 10", "--classes"},
+        BadInput{"probe --batch-size 2 --model mlp --input int64:8 --vocab 10", "--input"},
+        BadInput{"probe --batch-size 2 --model /nonexistent/model.pt", "--model"},
         BadInput{"frobnicate", "frobnicate"}));
 
 TEST(Cli, EnvSaysPlainlyWhetherThereIsAGpu) {

@@ -11,9 +11,10 @@ using namespace batchtune;
 
 TEST(Models, EveryBuiltinModelTrainsOneStep) {
   for (const auto& name : builtin_model_names()) {
+    if (name == "gpt") continue;  // token input: gpt_test.cpp
     Workload workload(WorkloadOptions().model(name).input_shape({3, 32, 32}).classes(5));
     const Batch batch = workload.synthetic_batch(4);
-    const auto out = workload.model().forward(batch.input);
+    const auto out = workload.model().forward(batch.input());
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{4, 5})) << name;
     const auto before = workload.model().parameters().front().clone();
     const double loss = workload.step(batch).item<double>();
@@ -35,7 +36,7 @@ TEST(Models, Resnet18HasTheStandardSize) {
 
 TEST(Models, LenetOnFashionMnistShape) {
   Workload workload(WorkloadOptions().model("lenet").input_shape({1, 28, 28}));
-  EXPECT_EQ(workload.model().forward(workload.synthetic_batch(2).input).size(1), 10);
+  EXPECT_EQ(workload.model().forward(workload.synthetic_batch(2).input()).size(1), 10);
 }
 
 TEST(Workload, BadChoicesAreUserErrors) {
@@ -47,13 +48,25 @@ TEST(Workload, BadChoicesAreUserErrors) {
   EXPECT_THROW(Workload(WorkloadOptions().classes(1)), Error);
 }
 
+TEST(Workload, RegressionTargetsTrainWithMse) {
+  InputSpec spec = parse_input_flags(InputFlags().inputs({"16"}).target("float:3"));
+  Workload workload(WorkloadOptions().model("mlp").input_spec(spec).seed(2).lr(1e-2));
+  const Batch batch = workload.synthetic_batch(8);
+  EXPECT_EQ(batch.target.sizes(), (std::vector<int64_t>{8, 3}));
+  EXPECT_EQ(batch.target.scalar_type(), at::kFloat);
+  const double first = workload.step(batch).item<double>();
+  double last = first;
+  for (int i = 0; i < 30; ++i) last = workload.step(batch).item<double>();
+  EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
+}
+
 TEST(Workload, SyntheticBatchesAreSeeded) {
   Workload a(WorkloadOptions().seed(3));
   Workload b(WorkloadOptions().seed(3));
-  EXPECT_TRUE(torch::equal(a.synthetic_batch(4).input, b.synthetic_batch(4).input));
+  EXPECT_TRUE(torch::equal(a.synthetic_batch(4).input(), b.synthetic_batch(4).input()));
   EXPECT_TRUE(torch::equal(a.synthetic_batch(4).target, b.synthetic_batch(4).target));
   Workload c(WorkloadOptions().seed(4));
-  EXPECT_FALSE(torch::equal(a.synthetic_batch(4).input, c.synthetic_batch(4).input));
+  EXPECT_FALSE(torch::equal(a.synthetic_batch(4).input(), c.synthetic_batch(4).input()));
   const auto target = a.synthetic_batch(64).target;
   EXPECT_GE(target.min().item<int64_t>(), 0);
   EXPECT_LT(target.max().item<int64_t>(), 10);

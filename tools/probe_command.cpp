@@ -31,6 +31,7 @@ int run_probe(const ProbeFlags& flags) {
   if (flags.json != "-") {
     fmt::print("{} on {}, {} thread(s)\n", resolved.workload->model().describe(),
                resolved.memory->device().str(), resolved.threads);
+    fmt::print("input: {}\n", describe(resolved.workload->input_spec()));
     print_trial(std::cout, result);
   }
   if (!flags.json.empty()) write_json_output(flags.json, to_json(result));

@@ -16,10 +16,41 @@ namespace batchtune::cli {
 
 void add_workload_flags(CLI::App& app, WorkloadFlags& flags) {
   app.add_option("--model", flags.model,
-                 fmt::format("model to train: {}", fmt::join(builtin_model_names(), ", ")))
+                 fmt::format("model to train: {}, or a TorchScript file (model.pt)",
+                             fmt::join(builtin_model_names(), ", ")))
       ->capture_default_str();
-  app.add_option("--input", flags.input, "per-sample input shape, CxHxW")->capture_default_str();
-  app.add_option("--classes", flags.classes, "number of classes")->capture_default_str();
+  auto* input = app.add_option(
+      "--input", flags.inputs,
+      "per-sample input shape without the batch dimension, with an optional dtype: 3x224x224, "
+      "float16:3x224x224, bfloat16:..., int64:128 (token ids, longest sequence); repeat for "
+      "more inputs (default 3x64x64, int64:64 for gpt)");
+  input->take_all();
+  auto* vocab = app.add_option("--vocab", flags.vocab,
+                               "vocabulary of int64 token-id inputs (gpt default: 256)");
+  auto* classes = app.add_option(
+      "--classes", flags.classes,
+      "number of classes (default 10, or the vocabulary for per-token targets)");
+  auto* target = app.add_option(
+      "--target", flags.target,
+      "class, token (one class per token), float:SHAPE (regression), none, or auto (token "
+      "when the input is token ids and --classes is left out or equals --vocab)")
+                     ->capture_default_str();
+  auto* loss = app.add_option("--loss", flags.loss,
+                              "ce, mse, or model (forward returns the loss; default: ce for "
+                              "class and token targets, mse for float)");
+  app.add_option("--input-spec", flags.input_spec,
+                 "JSON file with the inputs, target and loss (instead of --input, --vocab, "
+                 "--classes, --target, --loss)")
+      ->excludes(input)
+      ->excludes(vocab)
+      ->excludes(classes)
+      ->excludes(target)
+      ->excludes(loss);
+  app.add_option("--layers", flags.layers, "gpt: transformer blocks")->capture_default_str();
+  app.add_option("--heads", flags.heads, "gpt: attention heads")->capture_default_str();
+  app.add_option("--width", flags.width, "gpt: embedding width")->capture_default_str();
+  app.add_flag("--untied-head", flags.untied_head,
+               "gpt: an output head of its own instead of the token embedding's weights");
   app.add_option("--optimizer", flags.optimizer, "adam, adamw or sgd (momentum 0.9)")
       ->capture_default_str();
   app.add_option("--lr", flags.lr, "learning rate")->capture_default_str();
@@ -32,14 +63,27 @@ void add_workload_flags(CLI::App& app, WorkloadFlags& flags) {
   app.add_option("--threads", flags.threads, "LibTorch CPU threads (default: all cores)");
 }
 
+InputSpec input_spec_from_flags(const WorkloadFlags& flags) {
+  if (!flags.input_spec.empty()) return load_input_spec(flags.input_spec);
+  const bool gpt = flags.model == "gpt";
+  auto inputs = flags.inputs;
+  if (inputs.empty()) {
+    inputs.push_back(gpt ? fmt::format("int64:{}", kGptDefaultLength) : "3x64x64");
+  }
+  const int64_t vocab = flags.vocab == 0 && gpt ? kGptDefaultVocab : flags.vocab;
+  return parse_input_flags(InputFlags()
+                               .inputs(inputs)
+                               .vocab(vocab)
+                               .classes(flags.classes)
+                               .target(flags.target)
+                               .loss(flags.loss));
+}
+
 ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
   if (flags.threads < 0) {
     throw Error(fmt::format("--threads: must be 0 (all cores) or more, got {}", flags.threads));
   }
-  const auto shape = parse_shape(flags.input, "--input");
-  if (flags.classes < 2) {
-    throw Error(fmt::format("--classes: need at least 2 classes, got {}", flags.classes));
-  }
+  const InputSpec spec = input_spec_from_flags(flags);
   const c10::Device device = parse_device(flags.device);
   std::optional<int64_t> limit;
   if (!flags.memory_limit.empty()) limit = parse_size(flags.memory_limit, "--memory-limit");
@@ -48,8 +92,12 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
   resolved.threads = configure_threads(flags.threads);
   resolved.workload = std::make_unique<Workload>(WorkloadOptions()
                                                      .model(flags.model)
-                                                     .input_shape(shape)
-                                                     .classes(flags.classes)
+                                                     .input_spec(spec)
+                                                     .gpt(GptOptions()
+                                                              .layers(flags.layers)
+                                                              .heads(flags.heads)
+                                                              .width(flags.width)
+                                                              .tied_head(!flags.untied_head))
                                                      .optimizer(flags.optimizer)
                                                      .lr(flags.lr)
                                                      .seed(flags.seed)

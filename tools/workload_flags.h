@@ -16,8 +16,17 @@ namespace batchtune::cli {
 
 struct WorkloadFlags {
   std::string model = "convnet";
-  std::string input = "3x64x64";
-  int64_t classes = 10;
+  /// Empty: the model's default (3x64x64, or int64:64 for gpt).
+  std::vector<std::string> inputs;
+  int64_t vocab = 0;    ///< 0: none, or 256 for gpt
+  int64_t classes = 0;  ///< 0: 10, or the vocabulary for token targets
+  std::string target = "auto";
+  std::string loss;
+  std::string input_spec;
+  int64_t layers = 2;
+  int64_t heads = 2;
+  int64_t width = 64;
+  bool untied_head = false;
   std::string optimizer = "adam";
   double lr = 1e-3;
   uint64_t seed = 0;
@@ -35,6 +44,10 @@ struct ResolvedWorkload {
   std::unique_ptr<Workload> workload;
   int threads = 0;
 };
+
+/// The input spec the flags say (`--input-spec FILE`, or `--input` and
+/// friends with the model's defaults); throws `batchtune::Error`.
+InputSpec input_spec_from_flags(const WorkloadFlags& flags);
 
 /// Checks every flag and builds the workload; throws `batchtune::Error`.
 ResolvedWorkload resolve_workload(const WorkloadFlags& flags);

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <torch/arg.h>
 
 #include <cstdint>
 #include <memory>
@@ -10,21 +11,48 @@
 
 namespace batchtune {
 
+/// Sizes of the built-in `gpt`, a small decoder-only transformer. Its
+/// vocabulary and longest sequence come from the input (`int64:LEN`, `--vocab`).
+///
+/// Example:
+/// ```
+///   batchtune::GptOptions().layers(4).heads(4).width(256).tied_head(false);
+/// ```
+struct GptOptions {
+  /// Transformer blocks.
+  TORCH_ARG(int64_t, layers) = 2;
+  /// Attention heads; `width` must be a multiple of it.
+  TORCH_ARG(int64_t, heads) = 2;
+  /// Embedding width; the MLP is 4x as wide.
+  TORCH_ARG(int64_t, width) = 64;
+  /// The output head shares the token embedding's weights (as GPT-2 does).
+  TORCH_ARG(bool, tied_head) = true;
+};
+
 /// What a built-in model is made for: the per-sample input shape (no batch
 /// dimension) and the number of classes it predicts.
 struct ModelSpec {
   std::vector<int64_t> input_shape{3, 64, 64};
+  /// Classes of the output (for a float target: its elements per sample).
   int64_t classes = 10;
   /// Width of the hidden layer of `mlp`.
   int64_t hidden = 256;
+  /// Vocabulary of token-id input (0: the input is float).
+  int64_t vocab = 0;
+  GptOptions gpt;
 };
 
-/// A trainable model, whatever made it (torch::nn or, later, TorchScript).
+/// A trainable model, whatever made it (torch::nn or TorchScript).
 /// The trial runner and the training loop see only this.
 class Model {
  public:
   virtual ~Model() = default;
-  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  /// Runs the model on a batch's inputs (and, when the model computes its
+  /// own loss, the target after them). Returns its output: logits, or the
+  /// loss.
+  virtual at::Tensor forward(const std::vector<at::Tensor>& inputs) = 0;
+  /// The same with one input.
+  at::Tensor forward(const at::Tensor& input) { return forward(std::vector<at::Tensor>{input}); }
   /// Trainable parameters, in a fixed order.
   virtual std::vector<at::Tensor> parameters() = 0;
   /// Buffers (batch-norm running statistics...), in a fixed order.
@@ -47,6 +75,19 @@ std::vector<std::string> builtin_model_names();
 ///   auto model = batchtune::make_builtin_model("convnet", {{3, 64, 64}, 10});
 /// ```
 std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSpec& spec);
+
+/// Whether `--model` names a TorchScript file rather than a built-in model:
+/// it ends in `.pt`, `.pth` or `.ts`, or it is an existing file.
+bool is_script_model_path(const std::string& name);
+
+/// A built-in model by name, or a TorchScript module loaded from a file
+/// (see `load_script_model`). Throws `batchtune::Error`.
+///
+/// Example:
+/// ```
+///   auto model = batchtune::make_model("my_model.pt", {});
+/// ```
+std::unique_ptr<Model> make_model(const std::string& name_or_path, const ModelSpec& spec);
 
 /// Bytes of the parameters of `model`.
 int64_t parameter_bytes(Model& model);

@@ -33,5 +33,7 @@ BuiltModule make_mlp(const ModelSpec& spec);
 BuiltModule make_lenet(const ModelSpec& spec);
 /// ResNet-18 (He et al. 2016): basic blocks [2, 2, 2, 2], 64-512 channels.
 BuiltModule make_resnet18(const ModelSpec& spec);
+/// A small decoder-only transformer over token ids: [B, T] -> logits [B, T, vocab].
+BuiltModule make_gpt(const ModelSpec& spec);
 
 }  // namespace batchtune::models

@@ -1,52 +1,36 @@
-// The table of built-in models, and the Model adapter over torch::nn.
+// The table of built-in models, and the choice between them and TorchScript files.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
+
+#include <sys/stat.h>
 
 #include <functional>
 
 #include "batchtune/error.h"
 #include "batchtune/model.h"
+#include "batchtune/module_model.h"
+#include "batchtune/script_model.h"
 #include "batchtune/shape.h"
 #include "builtin_models.h"
 
 namespace batchtune {
 namespace {
 
-/// A torch::nn module seen as a batchtune Model.
-class ModuleModel final : public Model {
- public:
-  ModuleModel(std::string name, models::BuiltModule module)
-      : name_(std::move(name)), module_(std::move(module)) {}
-
-  at::Tensor forward(const at::Tensor& input) override { return module_.forward(input); }
-  std::vector<at::Tensor> parameters() override { return module_.module->parameters(); }
-  std::vector<at::Tensor> buffers() override { return module_.module->buffers(); }
-  void train(bool on) override { module_.module->train(on); }
-  void to(const c10::Device& device) override { module_.module->to(device); }
-  std::string describe() const override {
-    int64_t count = 0;
-    for (const auto& p : module_.module->parameters()) count += p.numel();
-    return fmt::format("{} ({} parameters)", name_, count);
-  }
-
- private:
-  std::string name_;
-  models::BuiltModule module_;
-};
-
 struct BuiltinModel {
   const char* name;
   std::function<models::BuiltModule(const ModelSpec&)> make;
   size_t min_rank;  ///< input dimensions the model needs, at least
+  bool tokens;      ///< takes token ids (int64) rather than float input
 };
 
 const std::vector<BuiltinModel>& zoo() {
   static const std::vector<BuiltinModel> models = {
-      {"convnet", models::make_convnet, 3},
-      {"mlp", models::make_mlp, 1},
-      {"lenet", models::make_lenet, 3},
-      {"resnet18", models::make_resnet18, 3},
+      {"convnet", models::make_convnet, 3, false},
+      {"mlp", models::make_mlp, 1, false},
+      {"lenet", models::make_lenet, 3, false},
+      {"resnet18", models::make_resnet18, 3, false},
+      {"gpt", models::make_gpt, 1, true},
   };
   return models;
 }
@@ -62,6 +46,16 @@ std::vector<std::string> builtin_model_names() {
 std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSpec& spec) {
   for (const auto& m : zoo()) {
     if (name != m.name) continue;
+    if (m.tokens && spec.vocab < 1) {
+      throw Error(fmt::format("--input: {} takes token ids, like --input int64:128 --vocab 32000; "
+                              "got float input {}",
+                              name, format_shape(spec.input_shape)));
+    }
+    if (!m.tokens && spec.vocab > 0) {
+      throw Error(fmt::format("--input: {} takes float input, not token ids; use gpt or a "
+                              "TorchScript model for token ids",
+                              name));
+    }
     if (spec.input_shape.size() != m.min_rank && m.min_rank == 3) {
       throw Error(fmt::format("--input: {} needs an image shape CxHxW, like 3x64x64; got {}",
                               name, format_shape(spec.input_shape)));
@@ -69,10 +63,33 @@ std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSp
     if (spec.classes < 2) {
       throw Error(fmt::format("--classes: need at least 2 classes, got {}", spec.classes));
     }
-    return std::make_unique<ModuleModel>(name, m.make(spec));
+    models::BuiltModule built = m.make(spec);
+    return std::make_unique<ModuleModel>(
+        name, built.module,
+        [forward = built.forward](const std::vector<at::Tensor>& inputs) {
+          TORCH_CHECK(inputs.size() == 1, "built-in models take one input, got ", inputs.size());
+          return forward(inputs.front());
+        });
   }
   throw Error(fmt::format("--model: unknown model '{}'; built-in models are {}", name,
                           fmt::join(builtin_model_names(), ", ")));
+}
+
+bool is_script_model_path(const std::string& name) {
+  for (const char* suffix : {".pt", ".pth", ".ts"}) {
+    const std::string ending(suffix);
+    if (name.size() > ending.size() &&
+        name.compare(name.size() - ending.size(), ending.size(), ending) == 0) {
+      return true;
+    }
+  }
+  struct stat info {};
+  return stat(name.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+std::unique_ptr<Model> make_model(const std::string& name_or_path, const ModelSpec& spec) {
+  if (is_script_model_path(name_or_path)) return load_script_model(name_or_path);
+  return make_builtin_model(name_or_path, spec);
 }
 
 int64_t parameter_bytes(Model& model) {

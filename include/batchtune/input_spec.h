@@ -1,0 +1,160 @@
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace batchtune {
+
+/// One input of the model's forward: its per-sample shape (no batch
+/// dimension: the batch is always the first dimension of the tensor the
+/// model gets) and its dtype. Token ids are `int64` with a vocabulary size.
+///
+/// For sequences, the shape holds the longest sequence training will see:
+/// a probe must measure the worst case.
+struct InputTensorSpec {
+  /// Per-sample shape: `{3, 224, 224}` for images, `{128}` for 128 tokens.
+  std::vector<int64_t> shape;
+  /// `at::kFloat`, `at::kHalf`, `at::kBFloat16` or `at::kLong` (token ids).
+  c10::ScalarType dtype = c10::kFloat;
+  /// Token ids are drawn from [0, vocab); only for `at::kLong`.
+  int64_t vocab = 0;
+  /// For people: the name in a JSON spec, else "input", "input1", ...
+  std::string name;
+};
+
+/// What the model is trained to predict.
+enum class TargetKind {
+  kClass,       ///< one class index per sample: target [B], output [B, classes]
+  kToken,       ///< one class index per token: target [B, T], output [B, T, classes]
+  kRegression,  ///< float values: target [B, ...shape], output the same shape
+  kNone,        ///< no target (only with `LossKind::kModel`)
+};
+
+/// How the loss is computed from the model's output.
+enum class LossKind {
+  kCrossEntropy,  ///< class or token targets
+  kMse,           ///< regression targets
+  kModel,         ///< the model's forward returns the loss, a scalar
+};
+
+/// The targets of a workload.
+struct TargetSpec {
+  TargetKind kind = TargetKind::kClass;
+  /// Classes of `kClass` and `kToken` targets: labels are drawn from [0, classes).
+  int64_t classes = 10;
+  /// Per-sample shape: `{}` for `kClass`, `{T}` for `kToken`, anything for
+  /// `kRegression`.
+  std::vector<int64_t> shape;
+};
+
+/// Everything a workload needs to know about its data: the model's inputs,
+/// the targets and the loss. Synthetic batches follow it.
+///
+/// With `LossKind::kModel` the model's forward gets the inputs followed by
+/// the target (unless the target is `kNone`) and returns the loss.
+///
+/// Example:
+/// ```
+///   // A language model over 128 tokens of a 32000-word vocabulary.
+///   auto spec = batchtune::token_spec(128, 32000);
+///   // The classic image classifier.
+///   auto images = batchtune::classification_spec({3, 224, 224}, 1000);
+/// ```
+struct InputSpec {
+  std::vector<InputTensorSpec> inputs;
+  TargetSpec target;
+  LossKind loss = LossKind::kCrossEntropy;
+};
+
+/// One float32 input of `shape` and `classes` class targets, cross-entropy:
+/// what `--input 3x224x224 --classes 1000` means.
+InputSpec classification_spec(const std::vector<int64_t>& shape, int64_t classes);
+
+/// `length` token ids from a vocabulary of `vocab`, and the next token of
+/// each position as per-token targets (classes = vocab), cross-entropy: a
+/// language model.
+InputSpec token_spec(int64_t length, int64_t vocab);
+
+/// Parses one `--input` value: a shape with an optional dtype prefix,
+/// `3x224x224`, `float16:3x224x224`, `bfloat16:...`, `int64:128` (token ids;
+/// they need `vocab` > 0). Throws `batchtune::Error` naming `what`.
+///
+/// Example:
+/// ```
+///   auto tokens = batchtune::parse_input_tensor("int64:128", 32000, "--input");
+/// ```
+InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
+                                   const std::string& what = "--input");
+
+/// Parses `float32`, `float16`, `bfloat16`, `int64` (and the aliases
+/// `float`, `half`, `bf16`, `long`); throws `batchtune::Error` naming `what`.
+c10::ScalarType parse_dtype(const std::string& text, const std::string& what);
+/// `float32`, `float16`, `bfloat16` or `int64`.
+std::string dtype_name(c10::ScalarType dtype);
+
+/// Parses `ce`, `mse` or `model`; throws `batchtune::Error` naming `what`.
+LossKind parse_loss(const std::string& text, const std::string& what = "--loss");
+std::string loss_name(LossKind loss);
+std::string target_name(TargetKind kind);
+
+/// The command-line form of a spec: `--input` (repeat it for more inputs),
+/// `--vocab`, `--classes`, `--target`, `--loss`.
+///
+/// `target` is `class`, `token`, `float:SHAPE` (a regression target of that
+/// per-sample shape), `none`, or `auto`: per-token targets when the first
+/// input is token ids and `classes` is left out (0) or equals `vocab` (a
+/// language model), else class targets. `classes` left out is the vocabulary
+/// for token targets and 10 for class targets. `loss` left empty is `ce` for
+/// class and token targets, `mse` for float targets, `model` for none.
+///
+/// Example:
+/// ```
+///   auto spec = batchtune::parse_input_flags(
+///       batchtune::InputFlags().inputs({"int64:128"}).vocab(32000).classes(32000));
+///   // one int64 input of 128 tokens, per-token targets of 32000 classes, ce
+/// ```
+struct InputFlags {
+  TORCH_ARG(std::vector<std::string>, inputs) = std::vector<std::string>{"3x64x64"};
+  TORCH_ARG(int64_t, vocab) = 0;
+  TORCH_ARG(int64_t, classes) = 0;
+  TORCH_ARG(std::string, target) = "auto";
+  TORCH_ARG(std::string, loss) = "";
+};
+
+/// Classes of class targets when `--classes` is left out.
+constexpr int64_t kDefaultClasses = 10;
+
+/// The spec the flags say, validated; throws `batchtune::Error` naming the flag.
+InputSpec parse_input_flags(const InputFlags& flags);
+
+/// Parses a spec written as JSON; `what` names the file in errors.
+///
+/// ```json
+///   {"inputs": [{"name": "tokens", "shape": [128], "dtype": "int64", "vocab": 32000},
+///               {"name": "mask", "shape": [128], "dtype": "float32"}],
+///    "target": {"kind": "token", "classes": 32000},
+///    "loss": "ce"}
+/// ```
+/// `target.kind` is `class`, `token`, `float` (with `shape`) or `none`;
+/// `loss` defaults to `ce` for class and token targets, `mse` for float
+/// targets, `model` for none. Every error names the file and the field.
+InputSpec parse_input_spec_json(const std::string& text, const std::string& what);
+
+/// Reads and parses a JSON spec file; throws `batchtune::Error` naming it.
+InputSpec load_input_spec(const std::string& path);
+
+/// Checks that the spec is complete and consistent (at least one input,
+/// positive dimensions, a vocabulary for token ids, targets that suit the
+/// loss, token targets that match a sequence input), filling in the
+/// per-token target shape when it is empty. Throws `batchtune::Error`
+/// naming `what` (the flag or file the spec came from).
+void validate(InputSpec& spec, const std::string& what = "--input");
+
+/// For people, one line: `int64[128] (vocab 32000) -> token targets, 32000 classes, ce`.
+std::string describe(const InputSpec& spec);
+
+}  // namespace batchtune

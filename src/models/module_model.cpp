@@ -1,0 +1,30 @@
+#include "batchtune/module_model.h"
+
+#include <fmt/format.h>
+
+#include "batchtune/error.h"
+
+namespace batchtune {
+
+ModuleModel::ModuleModel(std::string name, std::shared_ptr<torch::nn::Module> module,
+                         Forward forward)
+    : name_(std::move(name)), module_(std::move(module)), forward_(std::move(forward)) {
+  TORCH_CHECK(module_ != nullptr, "ModuleModel: null module for ", name_);
+}
+
+at::Tensor ModuleModel::forward(const std::vector<at::Tensor>& inputs) {
+  return forward_(inputs);
+}
+
+std::vector<at::Tensor> ModuleModel::parameters() { return module_->parameters(); }
+std::vector<at::Tensor> ModuleModel::buffers() { return module_->buffers(); }
+void ModuleModel::train(bool on) { module_->train(on); }
+void ModuleModel::to(const c10::Device& device) { module_->to(device); }
+
+std::string ModuleModel::describe() const {
+  int64_t count = 0;
+  for (const auto& p : module_->parameters()) count += p.numel();
+  return fmt::format("{} ({} parameters)", name_, count);
+}
+
+}  // namespace batchtune
