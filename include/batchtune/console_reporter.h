@@ -1,8 +1,11 @@
 #pragma once
 
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "batchtune/environment.h"
+#include "batchtune/sampler.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -12,5 +15,15 @@ void print_environment(std::ostream& out, const Environment& env);
 
 /// One trial for people: whether it fits, peak against the budget, speed.
 void print_trial(std::ostream& out, const TrialResult& trial);
+
+/// `batchtune monitor`'s heading, as `#` lines: what is sampled and how
+/// often, why fields read n/a (`sampler.unavailable_reason()`, and
+/// `gpu_reason` when no GPU is watched), then the column names.
+void print_monitor_header(std::ostream& out, const Sampler& sampler, double interval_ms,
+                          const std::string& gpu_reason);
+
+/// One line per sample, like `nvidia-smi dmon`: seconds since `start_s`,
+/// device, utilization %, memory, power W, energy J; `n/a` where unavailable.
+void print_samples(std::ostream& out, const std::vector<Sample>& samples, double start_s);
 
 }  // namespace batchtune

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batchtune/environment.h"
+#include "batchtune/sampler.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -14,5 +15,11 @@ nlohmann::json to_json(const Environment& env);
 /// `fits`, `peak_bytes`, `capacity_bytes`, `usable_bytes`, `margin`,
 /// `step_ms`, `samples_per_s`, `error` (null when it fits) and more.
 nlohmann::json to_json(const TrialResult& trial);
+
+/// JSON of one sample, as each line of `batchtune monitor --json` after the
+/// first: `time_s` (seconds since `start_s`), `device`,
+/// `utilization_percent`, `memory_used_bytes`, `power_w`, `energy_j`; a field
+/// the sampler cannot read is null.
+nlohmann::json to_json(const Sample& sample, double start_s = 0);
 
 }  // namespace batchtune
