@@ -68,4 +68,37 @@ void print_search(std::ostream& out, const SearchResult& search) {
              search.seconds, to_string(search.strategy));
 }
 
+namespace {
+
+constexpr const char* kMissing = "n/a";
+
+template <typename T, typename Format>
+std::string or_missing(const std::optional<T>& value, Format format) {
+  return value ? format(*value) : kMissing;
+}
+
+}  // namespace
+
+void print_monitor_header(std::ostream& out, const Sampler& sampler, double interval_ms,
+                          const std::string& gpu_reason) {
+  fmt::print(out, "# batchtune monitor: {}, every {:g} ms\n", sampler.describe(), interval_ms);
+  const std::string reason = sampler.unavailable_reason();
+  if (!reason.empty()) fmt::print(out, "# n/a: {}\n", reason);
+  if (!gpu_reason.empty()) fmt::print(out, "# GPU utilization unavailable: {}\n", gpu_reason);
+  fmt::print(out, "# {:>8}  {:<7} {:>6} {:>11} {:>8} {:>12}\n", "time_s", "device", "util%",
+             "memory", "power_W", "energy_J");
+}
+
+void print_samples(std::ostream& out, const std::vector<Sample>& samples, double start_s) {
+  for (const auto& s : samples) {
+    fmt::print(out, "  {:>8.3f}  {:<7} {:>6} {:>11} {:>8} {:>12}\n", s.time_s - start_s,
+               s.device,
+               or_missing(s.utilization_percent, [](double v) { return fmt::format("{:.1f}", v); }),
+               or_missing(s.memory_used_bytes, [](int64_t v) { return format_bytes(v); }),
+               or_missing(s.power_watts, [](double v) { return fmt::format("{:.1f}", v); }),
+               or_missing(s.energy_joules, [](double v) { return fmt::format("{:.1f}", v); }));
+  }
+  out.flush();
+}
+
 }  // namespace batchtune

@@ -118,6 +118,15 @@ std::vector<GpuInfo> devices(std::string* reason) {
   return gpus;
 }
 
+std::string pci_bus_id(int index) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
 std::string driver_version() {
   int version = 0;
   if (cudaDriverGetVersion(&version) != cudaSuccess || version == 0) return {};

@@ -18,6 +18,8 @@ namespace batchtune::cuda {
 bool compiled();
 /// CUDA devices present, or none with `reason` saying why.
 std::vector<GpuInfo> devices(std::string* reason);
+/// PCI bus id of CUDA device `index` (`0000:3b:00.0`), or empty.
+std::string pci_bus_id(int index);
 /// CUDA driver version as "13.0", or empty.
 std::string driver_version();
 /// Memory of CUDA device `index` (caching-allocator statistics).

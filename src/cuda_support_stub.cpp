@@ -15,6 +15,8 @@ std::vector<GpuInfo> devices(std::string* reason) {
 
 std::string driver_version() { return {}; }
 
+std::string pci_bus_id(int) { return {}; }
+
 std::unique_ptr<DeviceMemory> make_memory(int index, std::optional<int64_t>) {
   throw Error(fmt::format(
       "--device cuda:{}: batchtune was built against a LibTorch without CUDA; "

@@ -1,5 +1,7 @@
 #include "batchtune/json_reporter.h"
 
+#include <cmath>
+
 namespace batchtune {
 namespace {
 
@@ -17,6 +19,11 @@ const char* failure_name(TrialFailure failure) {
 
 nlohmann::json string_or_null(const std::string& s) {
   return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+}
+
+template <typename T>
+nlohmann::json value_or_null(const std::optional<T>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
 
 }  // namespace
@@ -91,6 +98,17 @@ nlohmann::json to_json(const SearchResult& search) {
     out["usable_bytes"] = search.trials.front().usable_bytes;
   }
   return out;
+}
+
+nlohmann::json to_json(const Sample& sample, double start_s) {
+  return {
+      {"time_s", std::round((sample.time_s - start_s) * 1e3) / 1e3},  // ms: the clock's use
+      {"device", sample.device},
+      {"utilization_percent", value_or_null(sample.utilization_percent)},
+      {"memory_used_bytes", value_or_null(sample.memory_used_bytes)},
+      {"power_w", value_or_null(sample.power_watts)},
+      {"energy_j", value_or_null(sample.energy_joules)},
+  };
 }
 
 }  // namespace batchtune

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "batchtune/error.h"
@@ -220,10 +219,7 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
     throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
                             options.tolerance()));
   }
-  const Clock now = clock ? clock : [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
+  const auto now = [&] { return clock.now_s(); };
   const double start = now();
   SearchResult result;
   result.strategy = options.strategy();

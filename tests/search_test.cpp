@@ -10,6 +10,7 @@
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
 #include "batchtune/workload.h"
+#include "fake_clock.h"
 
 namespace {
 
@@ -142,14 +143,13 @@ TEST(Search, NeverPassesMaxBatch) {
 
 TEST(Search, StopsAtTheTimeBudgetWithTheBestSoFar) {
   const auto device = fake_device([](int64_t b) { return 100 + 1.0 * b; });
-  double now = 0;
+  batchtune::testing::FakeClock clock;
   const auto slow = [&](int64_t b) {
-    now += 10;  // every trial takes 10 s
+    clock.advance(10);  // every trial takes 10 s
     return device(b);
   };
   const SearchResult r = search_max_batch(
-      slow, SearchOptions().strategy(SearchStrategy::kBinsearch).time_budget_s(35),
-      [&] { return now; });
+      slow, SearchOptions().strategy(SearchStrategy::kBinsearch).time_budget_s(35), clock);
   EXPECT_TRUE(r.hit_time_budget);
   EXPECT_EQ(r.trials.size(), 4u) << describe(r);
   EXPECT_EQ(r.max_batch_size, 16);

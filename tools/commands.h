@@ -13,6 +13,7 @@ namespace batchtune::cli {
 using CommandRun = std::function<int()>;
 
 CommandRun add_env_command(CLI::App& app);
+CommandRun add_monitor_command(CLI::App& app);
 CommandRun add_probe_command(CLI::App& app);
 CommandRun add_tune_command(CLI::App& app);
 

@@ -20,6 +20,7 @@ struct CommandEntry {
 
 constexpr CommandEntry kCommands[] = {
     {"env", batchtune::cli::add_env_command},
+    {"monitor", batchtune::cli::add_monitor_command},
     {"probe", batchtune::cli::add_probe_command},
     {"tune", batchtune::cli::add_tune_command},
 };

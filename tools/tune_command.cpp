@@ -69,7 +69,7 @@ int run_tune(const TuneFlags& flags) {
                               .steps(kSearchTimedSteps)
                               .warmup_steps(kSearchWarmupSteps));
       },
-      options, {},
+      options, steady_clock(),
       [&](const TrialResult& trial, size_t index) {
         if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
       });

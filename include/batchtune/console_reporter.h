@@ -1,9 +1,12 @@
 #pragma once
 
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "batchtune/environment.h"
 #include "batchtune/search.h"
+#include "batchtune/sampler.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -19,5 +22,14 @@ void print_search(std::ostream& out, const SearchResult& search);
 
 /// One progress line for a trial: `trial 3: batch 512 ... fits`.
 std::string trial_progress_line(const TrialResult& trial, size_t index);
+/// `batchtune monitor`'s heading, as `#` lines: what is sampled and how
+/// often, why fields read n/a (`sampler.unavailable_reason()`, and
+/// `gpu_reason` when no GPU is watched), then the column names.
+void print_monitor_header(std::ostream& out, const Sampler& sampler, double interval_ms,
+                          const std::string& gpu_reason);
+
+/// One line per sample, like `nvidia-smi dmon`: seconds since `start_s`,
+/// device, utilization %, memory, power W, energy J; `n/a` where unavailable.
+void print_samples(std::ostream& out, const std::vector<Sample>& samples, double start_s);
 
 }  // namespace batchtune

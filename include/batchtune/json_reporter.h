@@ -4,6 +4,7 @@
 
 #include "batchtune/environment.h"
 #include "batchtune/search.h"
+#include "batchtune/sampler.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -20,5 +21,10 @@ nlohmann::json to_json(const TrialResult& trial);
 /// `max_batch_size`, `search` {`strategy`, `trials`, `steps`, `seconds`, ...}
 /// and `trials` (probe-shaped objects).
 nlohmann::json to_json(const SearchResult& search);
+/// JSON of one sample, as each line of `batchtune monitor --json` after the
+/// first: `time_s` (seconds since `start_s`), `device`,
+/// `utilization_percent`, `memory_used_bytes`, `power_w`, `energy_j`; a field
+/// the sampler cannot read is null.
+nlohmann::json to_json(const Sample& sample, double start_s = 0);
 
 }  // namespace batchtune

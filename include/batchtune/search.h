@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/clock.h"
 #include "batchtune/trial.h"
 
 namespace batchtune {
@@ -64,8 +65,6 @@ struct SearchResult {
 
 /// Runs one trial at a batch size (the trial runner, or a fake in tests).
 using TrialFunction = std::function<TrialResult(int64_t batch_size)>;
-/// Seconds since some fixed point (a steady clock, or a fake in tests).
-using Clock = std::function<double()>;
 /// Called after each trial, e.g. for a progress line.
 using TrialCallback = std::function<void(const TrialResult&, size_t index)>;
 
@@ -79,7 +78,8 @@ using TrialCallback = std::function<void(const TrialResult&, size_t index)>;
 ///       SearchOptions().max_batch(4096));
 /// ```
 SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& options,
-                              const Clock& clock = {}, const TrialCallback& on_trial = {});
+                              const Clock& clock = steady_clock(),
+                              const TrialCallback& on_trial = {});
 
 /// The next batch size `strategy` would try after `trials`, or nothing when
 /// it is done. Pure: the search is this function in a loop.

@@ -1,0 +1,194 @@
+#include "batchtune/sampler.h"
+
+#include <gtest/gtest.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "batchtune/environment.h"
+#include "batchtune/error.h"
+#include "fake_clock.h"
+#include "shared_library.h"
+
+namespace {
+
+using batchtune::ProcessCpuSampler;
+using batchtune::testing::FakeClock;
+
+/// /proc counts CPU time in ticks of 10 ms.
+constexpr double kTickS = 0.01;
+
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double wall_s() { return batchtune::steady_clock().now_s(); }
+
+void busy_for(double seconds) {
+  const double end = wall_s() + seconds;
+  volatile double x = 0;
+  while (wall_s() < end) {
+    for (int i = 0; i < 1000; ++i) x = x + i * 0.5;
+  }
+}
+
+TEST(ProcessCpuSampler, UtilizationRisesWhileABusyLoopRuns) {
+  ProcessCpuSampler sampler;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto idle = sampler.read().at(0);
+  ASSERT_TRUE(idle.utilization_percent.has_value());
+
+  const double cpu0 = process_cpu_s();
+  const double wall0 = wall_s();
+  busy_for(0.4);
+  const auto busy = sampler.read().at(0);
+  const double cpu1 = process_cpu_s();
+  const double wall1 = wall_s();
+  ASSERT_TRUE(busy.utilization_percent.has_value());
+  EXPECT_EQ(busy.device, "cpu");
+  EXPECT_GT(*busy.utilization_percent, *idle.utilization_percent);
+  // What the kernel's own clock says this process used, within /proc's ticks.
+  const int cores = batchtune::available_cores();
+  const double expected = 100.0 * (cpu1 - cpu0) / ((wall1 - wall0) * cores);
+  const double tolerance = 100.0 * 3 * kTickS / ((wall1 - wall0) * cores);
+  EXPECT_NEAR(*busy.utilization_percent, expected, tolerance + 2.0);
+  EXPECT_LE(*busy.utilization_percent, 100.0 + tolerance);
+}
+
+TEST(ProcessCpuSampler, MemoryIsTheResidentSetAndGrowsWithTouchedPages) {
+  ProcessCpuSampler sampler;
+  const auto before = sampler.read().at(0);
+  ASSERT_TRUE(before.memory_used_bytes.has_value());
+  constexpr size_t kBytes = 64 << 20;
+  std::vector<char> block(kBytes, 1);
+  const auto after = sampler.read().at(0);
+  EXPECT_GE(*after.memory_used_bytes - *before.memory_used_bytes,
+            static_cast<int64_t>(kBytes * 9 / 10));
+  EXPECT_EQ(block[kBytes / 2], 1);
+}
+
+TEST(ProcessCpuSampler, NoEnergyCounterGivesTheReasonNotANumber) {
+  ProcessCpuSampler sampler(0, batchtune::steady_clock(), "/nonexistent/intel-rapl:0/energy_uj");
+  const auto sample = sampler.read().at(0);
+  EXPECT_FALSE(sample.energy_joules.has_value());
+  EXPECT_FALSE(sample.power_watts.has_value());
+  EXPECT_NE(sampler.unavailable_reason().find("/nonexistent/intel-rapl:0/energy_uj"),
+            std::string::npos)
+      << sampler.unavailable_reason();
+}
+
+TEST(ProcessCpuSampler, EnergyCounterIsUnwrappedAndGivesPower) {
+  // POSIX, not std::filesystem: the torch wheel's libtorch.so exports its own
+  // std::filesystem symbols, and its remove_all crashed here.
+  char dir_template[] = "/tmp/batchtune-rapl-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string energy = dir + "/energy_uj";
+  const std::string range = dir + "/max_energy_range_uj";
+  auto write = [](const std::string& path, const char* text) {
+    std::ofstream(path) << text << "\n";
+  };
+  write(range, "10000000");  // wraps at 10 J
+  write(energy, "1000000");
+  FakeClock clock(50);
+  ProcessCpuSampler sampler(0, clock, energy);
+  EXPECT_EQ(sampler.unavailable_reason(), "");
+
+  clock.advance(1.0);
+  write(energy, "9000000");
+  const auto first = sampler.read().at(0);
+  EXPECT_DOUBLE_EQ(*first.energy_joules, 8.0);
+  EXPECT_DOUBLE_EQ(*first.power_watts, 8.0);
+
+  clock.advance(0.5);
+  write(energy, "2000000");  // wrapped: 9 J -> 10 J -> 0 -> 2 J
+  const auto second = sampler.read().at(0);
+  EXPECT_DOUBLE_EQ(*second.energy_joules, 11.0);
+  EXPECT_DOUBLE_EQ(*second.power_watts, 6.0);
+  unlink(energy.c_str());
+  unlink(range.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(ProcessCpuSampler, NoSuchProcessIsAnErrorNamingPid) {
+  try {
+    ProcessCpuSampler sampler(2147483647);
+    FAIL() << "no process has that id";
+  } catch (const batchtune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--pid 2147483647"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NvmlSampler, AbsentLibraryGivesItsNameAsTheReasonAndNoNumbers) {
+  if (batchtune::SharedLibrary::can_open(batchtune::kNvmlLibrary, nullptr)) {
+    GTEST_SKIP() << "NVML is installed here";
+  }
+  auto sampler = batchtune::make_nvml_sampler({0});
+  EXPECT_NE(sampler->unavailable_reason().find("libnvidia-ml.so.1"), std::string::npos)
+      << sampler->unavailable_reason();
+  const auto samples = sampler->read();
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].device, "cuda:0");
+  EXPECT_FALSE(samples[0].utilization_percent.has_value());
+  EXPECT_FALSE(samples[0].memory_used_bytes.has_value());
+  EXPECT_FALSE(samples[0].power_watts.has_value());
+  EXPECT_FALSE(samples[0].energy_joules.has_value());
+}
+
+TEST(NvmlSampler, LibraryWithoutTheSymbolNamesLibraryAndSymbol) {
+  auto sampler = batchtune::make_nvml_sampler({0}, "libc.so.6");
+  const std::string reason = sampler->unavailable_reason();
+  EXPECT_NE(reason.find("libc.so.6"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("nvmlInit_v2"), std::string::npos) << reason;
+}
+
+TEST(MakeSampler, CpuWatchesThisProcess) {
+  auto sampler = batchtune::make_sampler("cpu");
+  EXPECT_NE(sampler->describe().find(std::to_string(::getpid())), std::string::npos)
+      << sampler->describe();
+  EXPECT_EQ(sampler->read().at(0).device, "cpu");
+}
+
+TEST(MakeSampler, AutoWithoutAGpuIsTheCpuAndSaysWhy) {
+  if (batchtune::gpu_unavailable_reason().empty()) GTEST_SKIP() << "a GPU and NVML are here";
+  const std::string reason = batchtune::gpu_unavailable_reason();
+  EXPECT_FALSE(reason.empty());
+  auto sampler = batchtune::make_sampler("auto");
+  const auto samples = sampler->read();
+  ASSERT_FALSE(samples.empty());
+  if (samples[0].device == "cpu") {
+    EXPECT_NE(reason.find("CUDA"), std::string::npos) << reason;
+  }
+}
+
+TEST(MakeSampler, UnknownDeviceIsAnErrorNamingTheFlag) {
+  try {
+    batchtune::make_sampler("gpu");
+    FAIL();
+  } catch (const batchtune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MakeSampler, ReadsTheGpu_CUDA) {
+  auto sampler = batchtune::make_sampler("cuda");
+  const auto sample = sampler->read().at(0);
+  EXPECT_EQ(sample.device, "cuda:0");
+  if (!batchtune::SharedLibrary::can_open(batchtune::kNvmlLibrary, nullptr)) {
+    GTEST_SKIP() << "no NVML: " << sampler->unavailable_reason();
+  }
+  ASSERT_TRUE(sample.utilization_percent.has_value()) << sampler->unavailable_reason();
+  EXPECT_GE(*sample.utilization_percent, 0);
+  EXPECT_LE(*sample.utilization_percent, 100);
+  ASSERT_TRUE(sample.memory_used_bytes.has_value());
+  EXPECT_GT(*sample.memory_used_bytes, 0);
+}
+
+}  // namespace
