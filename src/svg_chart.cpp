@@ -33,7 +33,7 @@ std::string escape(const std::string& text) {
 std::string tick_label(double v) {
   if (std::abs(v) >= 1e9) return fmt::format("{:.3g}G", v / 1e9);
   if (std::abs(v) >= 1e6) return fmt::format("{:.3g}M", v / 1e6);
-  if (std::abs(v) >= 1e4) return fmt::format("{:.3g}k", v / 1e3);
+  if (std::abs(v) >= 1e3) return fmt::format("{:.3g}k", v / 1e3);
   return fmt::format("{:.3g}", v);
 }
 
@@ -72,10 +72,15 @@ std::string render_svg(const SvgChart& chart) {
         "<text x='{3}' y='{4:.1f}' text-anchor='end'>{5}</text>\n",
         kLeft, kLeft + w, py(y), kLeft - 6, py(y) + 4, tick_label(y));
   }
-  // x ticks at the data's x values (batch sizes), thinned to fit.
+  // x ticks at the data's x values on a log axis (batch sizes), thinned to
+  // fit; evenly spaced on a linear one (seconds).
   std::vector<double> xs;
-  for (const auto& s : chart.series) {
-    for (const auto& p : s.points) xs.push_back(p.first);
+  if (chart.log2_x) {
+    for (const auto& s : chart.series) {
+      for (const auto& p : s.points) xs.push_back(p.first);
+    }
+  } else {
+    for (int i = 0; i <= kTicks; ++i) xs.push_back(x0 + (x1 - x0) * i / kTicks);
   }
   std::sort(xs.begin(), xs.end());
   xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
@@ -119,9 +124,10 @@ std::string render_svg(const SvgChart& chart) {
     const auto [pt, label] = *chart.marker;
     svg += fmt::format(
         "<circle cx='{0:.1f}' cy='{1:.1f}' r='7' fill='none' stroke='#e67e22' stroke-width='3'/>"
-        "<text x='{0:.1f}' y='{2:.1f}' text-anchor='middle' fill='#e67e22' "
+        "<text x='{0:.1f}' y='{2:.1f}' text-anchor='{4}' fill='#e67e22' "
         "font-weight='bold'>{3}</text>\n",
-        px(pt.first), py(pt.second), py(pt.second) - 12, escape(label));
+        px(pt.first), py(pt.second), py(pt.second) - 12, escape(label),
+        px(pt.first) > kLeft + 0.8 * w ? "end" : "middle");
   }
   svg += "</svg>\n";
   return svg;

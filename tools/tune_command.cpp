@@ -2,12 +2,14 @@
 #include <fmt/ostream.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
 #include "batchtune/console_reporter.h"
 #include "batchtune/error.h"
 #include "batchtune/json_reporter.h"
+#include "batchtune/monitor.h"
 #include "batchtune/search.h"
 #include "batchtune/sweep.h"
 #include "batchtune/tune_report.h"
@@ -18,6 +20,25 @@
 
 namespace batchtune::cli {
 namespace {
+
+// The monitor samples faster than `batchtune monitor`'s default so that short
+// sweep trials still get readings.
+constexpr double kTuneMonitorIntervalMs = 50;
+
+/// Mean utilization and energy of `device` over a trial that ran from t0 to t1.
+void attach_readings(const Monitor& monitor, const std::string& device, double t0, double t1,
+                     TrialResult& trial) {
+  for (const auto& s : monitor.summarize(t0, t1)) {
+    if (s.device != device) continue;
+    trial.utilization = s.mean_utilization_percent;
+    if (s.energy_joules && t1 > t0) {
+      // The counter covers warm-up too: keep the timed steps' share.
+      double timed = 0;
+      for (double seconds : trial.step_seconds) timed += seconds;
+      trial.energy_joules = *s.energy_joules * std::min(1.0, timed / (t1 - t0));
+    }
+  }
+}
 
 // Search trials: one untimed step (it allocates the optimizer state, which
 // must be counted) and one timed step.
@@ -53,6 +74,10 @@ int run_tune(const TuneFlags& flags) {
   }
   ResolvedWorkload resolved = resolve_workload(flags.workload);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
+  const std::string device = resolved.memory->device().str();
+  Monitor monitor(make_sampler(resolved.memory->device()),
+                  MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
+  const double run_start = monitor.now_s();
   const bool to_stdout = flags.json == "-";
   std::ostream& out = to_stdout ? std::cerr : std::cout;
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
@@ -92,13 +117,28 @@ int run_tune(const TuneFlags& flags) {
     report.sweep = run_sweep(
         [&](const TrialOptions& options) {
           if (progress) fmt::print(stderr, "\r\033[Ksweep: batch {} ...", options.batch_size());
-          return runner.run(options);
+          const double t0 = monitor.now_s();
+          TrialResult trial = runner.run(options);
+          attach_readings(monitor, device, t0, monitor.now_s(), trial);
+          return trial;
         },
         grid, search.trials);
     if (progress) fmt::print(stderr, "\r\033[K");
     if (!report.sweep.empty()) {
       report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
       report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
+    }
+    monitor.stop();
+    for (const auto& sample : monitor.samples()) {
+      if (sample.device == device) {
+        report.timeline.push_back({sample.time_s - run_start, sample.utilization_percent});
+      }
+    }
+    report.utilization_note = monitor.sampler().describe();
+    const std::string missing = monitor.sampler().unavailable_reason();
+    if (!missing.empty()) report.utilization_note += "; n/a: " + missing;
+    if (resolved.memory->device().is_cpu()) {
+      report.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
     }
     print_sweep(out, report);
   }
