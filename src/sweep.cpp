@@ -164,4 +164,10 @@ std::vector<SweepRow> run_sweep(const std::function<TrialResult(const TrialOptio
   return rows;
 }
 
+void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample) {
+  for (auto& row : rows) {
+    row.flops_per_s = kTrainingFlopsPerForwardFlop * forward_flops_per_sample * row.samples_per_s;
+  }
+}
+
 }  // namespace batchtune

@@ -62,13 +62,14 @@ nlohmann::json to_json(const TuneReport& report) {
 }
 
 void print_sweep(std::ostream& out, const TuneReport& report) {
-  fmt::print(out, "\n  {:>8}  {:>12}  {:>10}  {:>6}  {:>6}  {:>22}\n", "batch", "samples/s",
-             "step ms", "busy", "util", "peak / capacity");
+  fmt::print(out, "\n  {:>8}  {:>12}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
+             "samples/s", "step ms", "busy", "util", "GFLOP/s", "peak / capacity");
   for (const auto& r : report.sweep) {
     const bool chosen = r.batch_size == report.selection.batch_size;
-    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>10} / {:<10}\n",
+    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
                chosen ? ">" : " ", r.batch_size, r.samples_per_s, r.step_ms, 100 * r.busy,
                r.utilization ? fmt::format("{:.0f}%", *r.utilization) : "n/a",
+               r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
                format_bytes(r.peak_bytes), format_bytes(report.capacity_bytes));
   }
   if (!report.utilization_note.empty()) {

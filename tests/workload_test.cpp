@@ -73,3 +73,19 @@ TEST(Workload, SyntheticBatchesAreSeeded) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Models, CountTheirForwardFlops) {
+  using namespace batchtune;
+  // convnet on 3x64x64: conv 2*3*9*64*62*62 + linear 2*64*10.
+  Workload convnet(WorkloadOptions().model("convnet").input_shape({3, 64, 64}));
+  EXPECT_DOUBLE_EQ(*convnet.model().forward_flops_per_sample(), 2.0 * 3 * 9 * 64 * 62 * 62 + 1280);
+  Workload mlp(WorkloadOptions().model("mlp").input_shape({1, 28, 28}));
+  EXPECT_DOUBLE_EQ(*mlp.model().forward_flops_per_sample(), 2.0 * (784 * 256 + 256 * 10));
+  // ResNet-18 at 224x224 is the well-known 1.82 GMAC.
+  Workload resnet(WorkloadOptions().model("resnet18").input_shape({3, 224, 224}).classes(1000));
+  EXPECT_NEAR(*resnet.model().forward_flops_per_sample() / 2, 1.82e9, 0.01e9);
+}
+
+}  // namespace

@@ -124,6 +124,9 @@ int run_tune(const TuneFlags& flags) {
         },
         grid, search.trials);
     if (progress) fmt::print(stderr, "\r\033[K");
+    if (const auto flops = resolved.workload->model().forward_flops_per_sample()) {
+      add_flops(report.sweep, *flops);
+    }
     if (!report.sweep.empty()) {
       report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
       report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);

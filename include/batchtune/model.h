@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ class Model {
   virtual void to(const c10::Device& device) = 0;
   /// Short description for logs: "resnet18 (11.2M parameters)".
   virtual std::string describe() const = 0;
+  /// Floating-point operations of one sample's forward pass (a multiply-add
+  /// counts 2), where known: the built-in models count theirs. A training
+  /// step costs about 3x this (backward is about twice the forward).
+  virtual std::optional<double> forward_flops_per_sample() const { return std::nullopt; }
 };
 
 /// Names of the built-in models, the default first.

@@ -25,7 +25,8 @@ class ModuleModel final : public Model {
  public:
   using Forward = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
-  ModuleModel(std::string name, std::shared_ptr<torch::nn::Module> module, Forward forward);
+  ModuleModel(std::string name, std::shared_ptr<torch::nn::Module> module, Forward forward,
+              std::optional<double> forward_flops = std::nullopt);
 
   using Model::forward;
   at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
@@ -34,11 +35,13 @@ class ModuleModel final : public Model {
   void train(bool on) override;
   void to(const c10::Device& device) override;
   std::string describe() const override;
+  std::optional<double> forward_flops_per_sample() const override { return forward_flops_; }
 
  private:
   std::string name_;
   std::shared_ptr<torch::nn::Module> module_;
   Forward forward_;
+  std::optional<double> forward_flops_;
 };
 
 /// Wraps a module holder (`torch::nn::Sequential`, your `TORCH_MODULE`)

@@ -47,6 +47,10 @@ std::vector<int64_t> sweep_grid(int64_t max_batch);
 /// A sweep row from a trial that fitted.
 SweepRow sweep_row(const TrialResult& trial);
 
+/// Training FLOPs per sample: about 3x the forward pass (the backward pass
+/// costs about twice the forward).
+constexpr double kTrainingFlopsPerForwardFlop = 3;
+
 /// Whether a search trial already timed `batch` well enough to stand as its
 /// sweep row.
 bool timed_well_enough(const TrialResult& trial);
@@ -86,5 +90,8 @@ Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen,
 std::vector<SweepRow> run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
                                 const std::vector<int64_t>& grid,
                                 const std::vector<TrialResult>& search_trials = {});
+
+/// Fills each row's achieved FLOP/s from the model's forward FLOPs per sample.
+void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample);
 
 }  // namespace batchtune

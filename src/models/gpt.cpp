@@ -131,7 +131,14 @@ BuiltModule make_gpt(const ModelSpec& spec) {
                             "vocabulary (--vocab {}); got {}",
                             spec.vocab, spec.classes));
   }
-  return built(Gpt(spec.vocab, spec.input_shape.front(), options));
+  // Per token and block: the q, k, v and output projections (4 w^2) and the
+  // 4x MLP (8 w^2), as multiply-adds; attention scores and their weighted
+  // sum, 2 T w over the causal half; then the head (w x vocab).
+  const auto t = static_cast<double>(spec.input_shape.front());
+  const auto w = static_cast<double>(options.width());
+  const double flops = t * (static_cast<double>(options.layers()) * (2 * 12 * w * w + 2 * t * w) +
+                            2 * w * static_cast<double>(spec.vocab));
+  return built(Gpt(spec.vocab, spec.input_shape.front(), options), flops);
 }
 
 }  // namespace batchtune::models

@@ -30,12 +30,20 @@ BuiltModule make_lenet(const ModelSpec& spec) {
     throw Error(fmt::format("--input: lenet needs images of at least 12x12, got {}x{}",
                             spec.input_shape[1], spec.input_shape[2]));
   }
+  const int64_t c = spec.input_shape[0];
+  const int64_t h1 = spec.input_shape[1];
+  const int64_t w1 = spec.input_shape[2];
+  const double flops = conv_flops(c, kConv1Channels, kKernel, h1, w1) +
+                       conv_flops(kConv1Channels, kConv2Channels, kKernel, h1 / 2 - (kKernel - 1),
+                                  w1 / 2 - (kKernel - 1)) +
+                       linear_flops(kConv2Channels * h * w, kHidden) +
+                       linear_flops(kHidden, spec.classes);
   return built(nn::Sequential(
-      nn::Conv2d(nn::Conv2dOptions(spec.input_shape[0], kConv1Channels, kKernel).padding(2)),
+      nn::Conv2d(nn::Conv2dOptions(c, kConv1Channels, kKernel).padding(2)),
       nn::ReLU(), nn::MaxPool2d(2),
       nn::Conv2d(nn::Conv2dOptions(kConv1Channels, kConv2Channels, kKernel)), nn::ReLU(),
       nn::MaxPool2d(2), nn::Flatten(), nn::Linear(kConv2Channels * h * w, kHidden),
-      nn::ReLU(), nn::Linear(kHidden, spec.classes)));
+      nn::ReLU(), nn::Linear(kHidden, spec.classes)), flops);
 }
 
 }  // namespace batchtune::models

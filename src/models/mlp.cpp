@@ -11,7 +11,8 @@ BuiltModule make_mlp(const ModelSpec& spec) {
   int64_t inputs = 1;
   for (int64_t dim : spec.input_shape) inputs *= dim;
   return built(nn::Sequential(nn::Flatten(), nn::Linear(inputs, spec.hidden),
-                                      nn::ReLU(), nn::Linear(spec.hidden, spec.classes)));
+                                      nn::ReLU(), nn::Linear(spec.hidden, spec.classes)),
+               linear_flops(inputs, spec.hidden) + linear_flops(spec.hidden, spec.classes));
 }
 
 }  // namespace batchtune::models

@@ -69,7 +69,8 @@ std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSp
         [forward = built.forward](const std::vector<at::Tensor>& inputs) {
           TORCH_CHECK(inputs.size() == 1, "built-in models take one input, got ", inputs.size());
           return forward(inputs.front());
-        });
+        },
+        built.forward_flops > 0 ? std::optional<double>(built.forward_flops) : std::nullopt);
   }
   throw Error(fmt::format("--model: unknown model '{}'; built-in models are {}", name,
                           fmt::join(builtin_model_names(), ", ")));

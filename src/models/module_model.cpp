@@ -7,8 +7,11 @@
 namespace batchtune {
 
 ModuleModel::ModuleModel(std::string name, std::shared_ptr<torch::nn::Module> module,
-                         Forward forward)
-    : name_(std::move(name)), module_(std::move(module)), forward_(std::move(forward)) {
+                         Forward forward, std::optional<double> forward_flops)
+    : name_(std::move(name)),
+      module_(std::move(module)),
+      forward_(std::move(forward)),
+      forward_flops_(forward_flops) {
   TORCH_CHECK(module_ != nullptr, "ModuleModel: null module for ", name_);
 }
 

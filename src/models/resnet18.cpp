@@ -79,10 +79,35 @@ struct ResNet18Impl : nn::Module {
 };
 TORCH_MODULE(ResNet18);
 
+/// Walks the architecture above, side lengths and all.
+double resnet18_flops(const ModelSpec& spec) {
+  const auto conv_side = [](int64_t side, int64_t kernel, int64_t stride) {
+    return (side + 2 * (kernel / 2) - kernel) / stride + 1;
+  };
+  int64_t h = conv_side(spec.input_shape[1], 7, 2);
+  int64_t w = conv_side(spec.input_shape[2], 7, 2);
+  double flops = conv_flops(spec.input_shape[0], kWidths[0], 7, h, w);
+  h = (h + 2 - 3) / 2 + 1;  // max pool 3, stride 2, padding 1
+  w = (w + 2 - 3) / 2 + 1;
+  int64_t in = kWidths[0];
+  for (size_t stage = 0; stage < 4; ++stage) {
+    for (int64_t block = 0; block < kBlocksPerStage; ++block) {
+      const int64_t stride = (stage > 0 && block == 0) ? 2 : 1;
+      const int64_t out = kWidths[stage];
+      h = conv_side(h, 3, stride);
+      w = conv_side(w, 3, stride);
+      flops += conv_flops(in, out, 3, h, w) + conv_flops(out, out, 3, h, w);
+      if (stride != 1 || in != out) flops += conv_flops(in, out, 1, h, w);
+      in = out;
+    }
+  }
+  return flops + linear_flops(kWidths[3], spec.classes);
+}
+
 }  // namespace
 
 BuiltModule make_resnet18(const ModelSpec& spec) {
-  return built(ResNet18(spec.input_shape.front(), spec.classes));
+  return built(ResNet18(spec.input_shape.front(), spec.classes), resnet18_flops(spec));
 }
 
 }  // namespace batchtune::models
