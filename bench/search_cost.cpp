@@ -14,7 +14,9 @@
 #include "batchtune/budget_allocator.h"
 #include "batchtune/device_memory.h"
 #include "batchtune/environment.h"
+#include "batchtune/input_spec.h"
 #include "batchtune/search.h"
+#include "batchtune/shape.h"
 #include "batchtune/size.h"
 #include "batchtune/workload.h"
 
@@ -24,9 +26,22 @@ using namespace batchtune;
 
 struct Case {
   const char* model;
-  std::vector<int64_t> input;
+  std::vector<int64_t> input;  ///< for gpt: {sequence length}, vocabulary 256
   int64_t limit;
 };
+
+constexpr int64_t kGptVocab = 256;
+
+WorkloadOptions workload_options(const Case& c) {
+  if (std::string(c.model) == "gpt") {
+    return WorkloadOptions().model("gpt").input_spec(token_spec(c.input[0], kGptVocab));
+  }
+  return WorkloadOptions().model(c.model).input_shape(c.input);
+}
+
+std::string describe(const Case& c) {
+  return std::string(c.model) + " " + format_shape(c.input);
+}
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -40,7 +55,7 @@ struct Row {
 
 Row run(const Case& c, SearchStrategy strategy) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), c.limit);
-  Workload workload(WorkloadOptions().model(c.model).input_shape(c.input));
+  Workload workload(workload_options(c));
   TrialRunner runner(workload, *memory);
   const SearchResult r = search_max_batch(
       [&](int64_t b) { return runner.run(TrialOptions().batch_size(b).steps(1).warmup_steps(1)); },
@@ -58,7 +73,8 @@ int main(int argc, char** argv) {
       {"convnet", {3, 32, 32}, 64 * kMiB},    {"convnet", {3, 64, 64}, 512 * kMiB},
       {"mlp", {1, 28, 28}, 16 * kMiB},        {"lenet", {1, 28, 28}, 64 * kMiB},
       {"lenet", {3, 64, 64}, 256 * kMiB},     {"resnet18", {3, 32, 32}, 256 * kMiB},
-      {"resnet18", {3, 64, 64}, 512 * kMiB},
+      {"resnet18", {3, 64, 64}, 512 * kMiB}, {"gpt", {128}, 64 * kMiB},
+      {"gpt", {512}, 256 * kMiB},
   };
   if (quick) cases.resize(2);
   const SearchStrategy strategies[] = {SearchStrategy::kBinsearch, SearchStrategy::kPredict,
@@ -78,8 +94,8 @@ int main(int argc, char** argv) {
       const double frac = truth > 0 ? static_cast<double>(row.found) / truth : 0;
       fraction[row.strategy].push_back(frac);
       trial_ratio[row.strategy].push_back(static_cast<double>(row.trials) / bins_trials);
-      fmt::print("| {} {}x{}x{} | {} | {} | {} | {:.3f} | {} | {} | {:.1f} |\n", c.model,
-                 c.input[0], c.input[1], c.input[2], format_bytes(c.limit), truth, row.strategy,
+      fmt::print("| {} | {} | {} | {} | {:.3f} | {} | {} | {:.1f} |\n", describe(c),
+                 format_bytes(c.limit), truth, row.strategy,
                  frac, row.trials, row.steps, row.seconds);
       std::fflush(stdout);
     }
