@@ -67,9 +67,13 @@ Batch Workload::synthetic_batch(int64_t batch_size) const {
   return batch;
 }
 
-at::Tensor Workload::step(const Batch& batch) {
+at::Tensor Workload::compute_loss(const Batch& batch) {
   const at::Tensor output = model_->forward(batch.input);
-  at::Tensor loss = torch::nn::functional::cross_entropy(output, batch.target);
+  return torch::nn::functional::cross_entropy(output, batch.target);
+}
+
+at::Tensor Workload::step(const Batch& batch) {
+  at::Tensor loss = compute_loss(batch);
   loss.backward();
   optimizer_->step();
   optimizer_->zero_grad(/*set_to_none=*/true);

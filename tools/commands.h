@@ -14,5 +14,7 @@ using CommandRun = std::function<int()>;
 
 CommandRun add_env_command(CLI::App& app);
 CommandRun add_probe_command(CLI::App& app);
+CommandRun add_plan_command(CLI::App& app);
+CommandRun add_train_command(CLI::App& app);
 
 }  // namespace batchtune::cli

@@ -21,6 +21,8 @@ struct CommandEntry {
 constexpr CommandEntry kCommands[] = {
     {"env", batchtune::cli::add_env_command},
     {"probe", batchtune::cli::add_probe_command},
+    {"plan", batchtune::cli::add_plan_command},
+    {"train", batchtune::cli::add_train_command},
 };
 
 constexpr int kExitBadInput = 2;

@@ -62,6 +62,10 @@ class Workload {
   /// same size (seeded from `seed` and `batch_size`).
   Batch synthetic_batch(int64_t batch_size) const;
 
+  /// Forward and cross-entropy loss (mean over the batch), with its graph:
+  /// what `step` and the training loop's micro-batches back-propagate.
+  at::Tensor compute_loss(const Batch& batch);
+
   /// The real training step: forward, loss, backward, optimizer step, and
   /// gradients set to none. Returns the loss, detached.
   at::Tensor step(const Batch& batch);
