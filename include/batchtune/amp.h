@@ -67,7 +67,8 @@ struct AmpChoice {
 /// refused with `batchtune::Error`, LibTorch has no CPU fp16 autocast
 /// worth using). `auto` decides on CUDA by compute capability (bf16 from
 /// 8.0, fp16 with a loss scaler below) and on the CPU by measurement: a
-/// few steps of `workload` at `batch_size` in fp32 and under bf16 autocast,
+/// few alternating rounds of steps of `workload` at `batch_size` in fp32 and
+/// under bf16 autocast, comparing the fastest step of each,
 /// through the trial runner (so the workload is left as it was).
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
                      int64_t batch_size);
