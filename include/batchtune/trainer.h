@@ -140,6 +140,8 @@ class Trainer {
 
  private:
   void train_step(const std::vector<int64_t>& indices);
+  /// Waits for queued device work and counts the wait as training time.
+  void settle_clock();
   double evaluate();
   void save_checkpoint();
   bool load_checkpoint();
