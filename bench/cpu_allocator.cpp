@@ -12,6 +12,7 @@
 #include "batchtune/device_memory.h"
 #include "batchtune/environment.h"
 #include "batchtune/shape.h"
+#include "batchtune/trial.h"
 #include "batchtune/workload.h"
 
 namespace {

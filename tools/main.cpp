@@ -23,6 +23,8 @@ constexpr CommandEntry kCommands[] = {
     {"monitor", batchtune::cli::add_monitor_command},
     {"probe", batchtune::cli::add_probe_command},
     {"tune", batchtune::cli::add_tune_command},
+    {"plan", batchtune::cli::add_plan_command},
+    {"train", batchtune::cli::add_train_command},
 };
 
 constexpr int kExitBadInput = 2;

@@ -1,0 +1,169 @@
+#include "batchtune/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "batchtune/error.h"
+
+namespace batchtune {
+namespace {
+
+TEST(Plan, LrScalesLinearlyForSgdAndBySquareRootForAdam) {
+  const Plan sgd = make_plan(
+      PlanOptions().micro_batch_size(64).target_batch(512).optimizer("sgd").base_lr(0.1).base_batch(256));
+  EXPECT_EQ(sgd.lr_scaling, LrScaling::kLinear);
+  EXPECT_EQ(sgd.accumulation_steps, 8);
+  EXPECT_EQ(sgd.global_batch_size, 512);
+  EXPECT_NEAR(sgd.lr, 0.2, 1e-12);
+  EXPECT_EQ(sgd.warmup_steps, kWarmupStepsPerLrDoubling);  // lr doubled
+
+  const Plan adam = make_plan(
+      PlanOptions().micro_batch_size(32).target_batch(512).optimizer("adam").base_lr(1e-3));
+  EXPECT_EQ(adam.lr_scaling, LrScaling::kSqrt);
+  EXPECT_EQ(adam.accumulation_steps, 16);
+  EXPECT_NEAR(adam.lr, 4e-3, 1e-15);  // base batch = micro 32, sqrt(16) = 4
+  EXPECT_EQ(adam.warmup_steps, 2 * kWarmupStepsPerLrDoubling);
+
+  const Plan none = make_plan(
+      PlanOptions().micro_batch_size(32).target_batch(512).lr_scaling("none").base_lr(1e-3));
+  EXPECT_DOUBLE_EQ(none.lr, 1e-3);
+  EXPECT_EQ(none.warmup_steps, 0);
+}
+
+TEST(Plan, WithoutTargetTheGlobalBatchIsTheMicroBatch) {
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(64).base_lr(1e-3));
+  EXPECT_EQ(plan.accumulation_steps, 1);
+  EXPECT_EQ(plan.global_batch_size, 64);
+  EXPECT_DOUBLE_EQ(plan.lr, 1e-3);
+  EXPECT_EQ(plan.warmup_steps, 0);
+  EXPECT_EQ(plan.amp, AmpMode::kOff);
+  EXPECT_GE(plan.reasons.size(), 4U);
+}
+
+TEST(Plan, TargetNotAMultipleTakesTheNearestAndSaysSo) {
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(64).target_batch(500));
+  EXPECT_EQ(plan.accumulation_steps, 8);
+  EXPECT_EQ(plan.global_batch_size, 512);
+  EXPECT_NE(plan.reasons[0].find("not a multiple"), std::string::npos) << plan.reasons[0];
+  EXPECT_NE(plan.reasons[0].find("+2.4 %"), std::string::npos) << plan.reasons[0];
+}
+
+TEST(Plan, WarmupRuleGrowsWithTheScaleFactor) {
+  EXPECT_EQ(warmup_rule(1.0), 0);
+  EXPECT_EQ(warmup_rule(0.5), 0);
+  EXPECT_EQ(warmup_rule(2.0), 20);
+  EXPECT_EQ(warmup_rule(8.0), 60);
+  EXPECT_EQ(warmup_rule(std::sqrt(8.0)), 30);
+  EXPECT_EQ(warmup_rule(1e30), 500);  // capped
+  EXPECT_EQ(make_plan(PlanOptions().micro_batch_size(8).target_batch(64).warmup_steps(7))
+                .warmup_steps,
+            7);
+}
+
+TEST(Plan, ScheduleWarmsUpLinearlyThenStaysConstant) {
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 4, 0), 0.1);
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 4, 1), 0.2);
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 4, 3), 0.4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 4, 4), 0.4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 4, 1000), 0.4);
+  EXPECT_DOUBLE_EQ(scheduled_lr(0.4, 0, 0), 0.4);
+}
+
+TEST(Plan, BadOptionsNameTheFlag) {
+  const auto message = [](const PlanOptions& o) {
+    try {
+      make_plan(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(PlanOptions()).find("--batch-size"), std::string::npos);
+  EXPECT_NE(message(PlanOptions().micro_batch_size(4).base_lr(0)).find("--base-lr"),
+            std::string::npos);
+  EXPECT_NE(message(PlanOptions().micro_batch_size(4).lr_scaling("cubic")).find("--lr-scaling"),
+            std::string::npos);
+}
+
+TEST(Plan, JsonRoundTripKeepsEveryField) {
+  Plan plan = make_plan(PlanOptions()
+                            .micro_batch_size(48)
+                            .target_batch(480)
+                            .optimizer("sgd")
+                            .base_lr(0.05)
+                            .base_batch(96)
+                            .amp(AmpMode::kBf16)
+                            .amp_reason("amp bf16: test")
+                            .workers(3)
+                            .pin_memory(true)
+                            .prefetch(4));
+  const nlohmann::json json = to_json(plan);
+  for (const char* key : {"micro_batch_size", "accumulation_steps", "world_size",
+                          "global_batch_size", "lr", "lr_scaling", "warmup_steps", "amp",
+                          "workers", "pin_memory", "prefetch", "reasons"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  EXPECT_EQ(json.size(), 12U);
+  const Plan back = plan_from_json(nlohmann::json::parse(json.dump()), "test");
+  EXPECT_EQ(to_json(back), json);
+  // As `tune --json` writes it: inside a `plan` field.
+  EXPECT_EQ(to_json(plan_from_json({{"plan", json}, {"other", 1}}, "test")), json);
+}
+
+std::string plan_file_error(const nlohmann::json& json, const std::string& raw = "") {
+  const std::string path = ::testing::TempDir() + "batchtune_bad_plan.json";
+  std::ofstream(path) << (raw.empty() ? json.dump() : raw);
+  try {
+    read_plan_file(path);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    return message;
+  }
+  return "no error";
+}
+
+TEST(Plan, BadPlanFilesNameTheFileAndTheField) {
+  const nlohmann::json good = to_json(make_plan(PlanOptions().micro_batch_size(8)));
+  auto with = [&](const char* field, const nlohmann::json& value) {
+    nlohmann::json j = good;
+    j[field] = value;
+    return j;
+  };
+  auto without = [&](const char* field) {
+    nlohmann::json j = good;
+    j.erase(field);
+    return j;
+  };
+  EXPECT_NE(plan_file_error(without("lr")).find("'lr': missing"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("micro_batch_size", 0)).find("'micro_batch_size'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("micro_batch_size", "8")).find("'micro_batch_size'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("global_batch_size", 9)).find("'global_batch_size'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("lr", -1)).find("'lr'"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("lr_scaling", "cubic")).find("'lr_scaling'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("amp", "auto")).find("'amp'"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("pin_memory", 1)).find("'pin_memory'"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("warmup_steps", -3)).find("'warmup_steps'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("reasons", 5)).find("'reasons'"), std::string::npos);
+  EXPECT_NE(plan_file_error({}, "{\"micro_batch_size\": 8,").find("not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error({}, "[1, 2]").find("object"), std::string::npos);
+  try {
+    read_plan_file("/nonexistent/plan.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/plan.json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace batchtune

@@ -1,0 +1,104 @@
+// `batchtune train` and `batchtune plan` from the command line.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "cli_runner.h"
+
+namespace {
+
+using batchtune::testing::run_cli;
+
+struct BadTrainInput {
+  const char* args;
+  const char* named;
+};
+
+class TrainCliBadInput : public ::testing::TestWithParam<BadTrainInput> {};
+
+TEST_P(TrainCliBadInput, ExitsTwoWithOneLineNamingTheFlag) {
+  const auto r = run_cli(GetParam().args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().named), std::string::npos) << r.output;
+  // One line of error; the command may have said what it trains first.
+  const auto last = r.output.rfind('\n', r.output.size() - 2);
+  const std::string error = r.output.substr(last == std::string::npos ? 0 : last + 1);
+  EXPECT_EQ(error.rfind("batchtune: ", 0), 0U) << r.output;
+}
+
+constexpr const char* kSmall = " --model mlp --input 1x8x8 --device cpu --amp off";
+
+INSTANTIATE_TEST_SUITE_P(
+    Train, TrainCliBadInput,
+    ::testing::Values(
+        BadTrainInput{"train --model mlp --input 1x8x8 --device cpu", "--batch-size"},
+        BadTrainInput{"train --batch-size 0 --model mlp --input 1x8x8", "--batch-size"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --lr-scaling cubic",
+                      "--lr-scaling"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --amp fp8", "--amp"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --device cpu --amp fp16",
+                      "--amp"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-batch 0",
+                      "--target-batch"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --warmup -2", "--warmup"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --base-lr -1",
+                      "--base-lr"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --epochs 0", "--epochs"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --log-every -1",
+                      "--log-every"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --resume", "--resume"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --data cifar", "--data"},
+        BadTrainInput{"train --batch-size 8 --model mlp --data fashion-mnist:/nonexistent",
+                      "--data"},
+        BadTrainInput{"train --batch-size 8 --model mlp --data fashion-mnist --input 3x32x32",
+                      "--input"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --amp off "
+                      "--target-batch 100000",
+                      "--target-batch"},
+        BadTrainInput{"train --plan /nonexistent/plan.json --model mlp --input 1x8x8", "--plan"},
+        BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"},
+        BadTrainInput{"plan --model mlp --input 1x8x8 --amp off", "--batch-size"}));
+
+TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
+  const auto r = run_cli(std::string("train --batch-size 8 --target-batch 32 --steps 4") +
+                         kSmall + " --log-every 2 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  for (const char* key : {"steps", "samples", "epochs", "final_loss", "test_accuracy",
+                          "oom_recoveries", "micro_batch_size", "accumulation_steps",
+                          "global_batch_size", "world_size", "seconds", "samples_per_s"}) {
+    EXPECT_TRUE(json.contains(key)) << key;
+  }
+  EXPECT_EQ(json.size(), 12U);
+  EXPECT_EQ(json["steps"], 4);
+  EXPECT_EQ(json["samples"], 128);
+  EXPECT_EQ(json["accumulation_steps"], 4);
+  EXPECT_EQ(json["global_batch_size"], 32);
+  EXPECT_TRUE(json["test_accuracy"].is_null());
+  EXPECT_NE(r.output.find("step 2/4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plan: micro-batch 8 x 4"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, PlanWrittenByPlanIsReadBackByPlanAndTrain) {
+  const std::string path = ::testing::TempDir() + "batchtune_cli_plan.json";
+  const auto made = run_cli("plan --batch-size 8 --target-batch 24 --optimizer sgd --base-lr 0.1"
+                            " --model mlp --input 1x8x8 --amp off --json " + path);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_NE(made.output.find("linear"), std::string::npos) << made.output;
+  const auto checked = run_cli("plan --plan " + path);
+  ASSERT_EQ(checked.exit_code, 0) << checked.output;
+  EXPECT_NE(checked.output.find("a valid plan"), std::string::npos) << checked.output;
+  const auto trained = run_cli("train --plan " + path + kSmall + " --steps 2 --json -");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("\"global_batch_size\": 24"), std::string::npos)
+      << trained.output;
+
+  std::ofstream(path) << R"({"micro_batch_size": 8, "accumulation_steps": 1})";
+  const auto bad = run_cli("plan --plan " + path);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find(path), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("'world_size'"), std::string::npos) << bad.output;
+}
+
+}  // namespace

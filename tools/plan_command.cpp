@@ -1,0 +1,48 @@
+#include <iostream>
+
+#include "batchtune/error.h"
+#include "batchtune/train_reporter.h"
+#include "commands.h"
+#include "plan_flags.h"
+#include "workload_flags.h"
+
+namespace batchtune::cli {
+namespace {
+
+struct PlanCommandFlags {
+  WorkloadFlags workload;
+  PlanFlags plan;
+  std::string json;
+};
+
+int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
+  std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
+  Plan plan;
+  const bool only_file = !flags.plan.plan_file.empty() &&
+                         cmd.count_all() == cmd.count() + cmd.count("--plan") + cmd.count("--json");
+  if (only_file) {
+    // Reading and checking a plan needs no model.
+    plan = read_plan_file(flags.plan.plan_file);
+    out << flags.plan.plan_file << ": a valid plan\n";
+  } else {
+    ResolvedWorkload resolved = resolve_workload(flags.workload);
+    plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory);
+  }
+  print_plan(out, plan);
+  if (!flags.json.empty()) write_json_output(flags.json, to_json(plan));
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "plan", "print and check a plan file, or make a plan from the plan flags");
+  auto flags = std::make_shared<PlanCommandFlags>();
+  add_workload_flags(*cmd, flags->workload);
+  add_plan_flags(*cmd, flags->plan);
+  cmd->add_option("--json", flags->json, "write the plan as JSON to FILE, or - for stdout");
+  return [flags, cmd] { return run_plan(*flags, *cmd); };
+}
+
+}  // namespace batchtune::cli

@@ -1,0 +1,107 @@
+#include "plan_flags.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "batchtune/amp.h"
+#include "batchtune/error.h"
+#include "batchtune/quick_tune.h"
+
+namespace batchtune::cli {
+
+void add_plan_flags(CLI::App& app, PlanFlags& flags) {
+  app.add_option("--batch-size", flags.batch_size,
+                 "micro-batch: samples per forward/backward (default: a quick tune finds it)");
+  app.add_option("--plan", flags.plan_file,
+                 "plan JSON to use (from batchtune plan/tune); other plan flags override it");
+  app.add_option("--target-batch", flags.target_batch,
+                 "logical (global) batch to reach by gradient accumulation");
+  app.add_option("--base-lr", flags.base_lr, "learning rate known to work at --base-batch")
+      ->capture_default_str();
+  app.add_option("--base-batch", flags.base_batch,
+                 "batch size --base-lr belongs to (default: the micro-batch)");
+  app.add_option("--lr-scaling", flags.lr_scaling,
+                 "linear, sqrt or none (default: linear for sgd, sqrt for adam/adamw)");
+  app.add_option("--warmup", flags.warmup,
+                 fmt::format("warm-up optimizer steps (default: {} per doubling of the lr)",
+                             kWarmupStepsPerLrDoubling));
+  app.add_option("--amp", flags.amp,
+                 "mixed precision: off, bf16, fp16 or auto (measured on CPU, by compute "
+                 "capability on CUDA)")
+      ->capture_default_str();
+}
+
+Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
+                  DeviceMemory& memory) {
+  const auto given = [&](const char* name) { return app.count(name) > 0; };
+  if (given("--batch-size") && flags.batch_size < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", flags.batch_size));
+  }
+  if (given("--target-batch") && flags.target_batch < 1) {
+    throw Error(fmt::format("--target-batch: must be at least 1, got {}", flags.target_batch));
+  }
+  if (given("--base-batch") && flags.base_batch < 1) {
+    throw Error(fmt::format("--base-batch: must be at least 1, got {}", flags.base_batch));
+  }
+  if (given("--warmup") && flags.warmup < 0) {
+    throw Error(fmt::format("--warmup: must be 0 or more steps, got {}", flags.warmup));
+  }
+  if (given("--base-lr") && !(flags.base_lr > 0)) {
+    throw Error(fmt::format("--base-lr: must be positive, got {}", flags.base_lr));
+  }
+  if (given("--lr-scaling")) parse_lr_scaling(flags.lr_scaling);
+  const AmpMode amp_asked = parse_amp(flags.amp);
+
+  PlanOptions options;
+  options.optimizer(workload.options().optimizer())
+      .target_batch(flags.target_batch)
+      .base_lr(given("--base-lr") ? flags.base_lr : workload.options().lr())
+      .base_batch(flags.base_batch)
+      .lr_scaling(flags.lr_scaling)
+      .warmup_steps(flags.warmup)
+      .pin_memory(memory.device().is_cuda());
+
+  if (!flags.plan_file.empty()) {
+    const Plan file = read_plan_file(flags.plan_file);
+    options.micro_batch_size(given("--batch-size") ? flags.batch_size : file.micro_batch_size)
+        .world_size(file.world_size)
+        .target_batch(given("--target-batch") ? flags.target_batch : file.global_batch_size)
+        .base_lr(given("--base-lr") ? flags.base_lr : file.lr)
+        .base_batch(given("--base-batch") ? flags.base_batch : file.global_batch_size)
+        .lr_scaling(given("--lr-scaling") ? flags.lr_scaling : lr_scaling_name(file.lr_scaling))
+        .warmup_steps(given("--warmup") ? flags.warmup : file.warmup_steps)
+        .workers(file.workers)
+        .pin_memory(file.pin_memory)
+        .prefetch(file.prefetch);
+    if (given("--amp")) {
+      const AmpChoice amp = choose_amp(
+          amp_asked, workload, memory, std::min(options.micro_batch_size(), kAmpProbeMaxBatch));
+      options.amp(amp.mode).amp_reason(amp.reason);
+    } else {
+      options.amp(file.amp).amp_reason(
+          fmt::format("amp {}: from {}", amp_name(file.amp), flags.plan_file));
+    }
+  } else {
+    if (!given("--batch-size")) {
+      // The tune search finds the micro-batch and fills in the rest.
+      return quick_tune(workload, memory, options);
+    }
+    options.micro_batch_size(flags.batch_size);
+    const AmpChoice amp = choose_amp(amp_asked, workload, memory,
+                                     std::min(flags.batch_size, kAmpProbeMaxBatch));
+    options.amp(amp.mode).amp_reason(amp.reason);
+  }
+  Plan plan = make_plan(options);
+  if (given("--lr")) {
+    plan.lr = workload.options().lr();
+    for (auto& reason : plan.reasons) {
+      if (reason.rfind("lr ", 0) == 0) {
+        reason = fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr);
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace batchtune::cli

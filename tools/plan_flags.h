@@ -1,0 +1,40 @@
+#pragma once
+
+// The flags that make a plan, shared by `plan` and `train`, and how they
+// resolve into one (from a plan file, a fixed batch size, or a quick tune).
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "batchtune/device_memory.h"
+#include "batchtune/plan.h"
+#include "batchtune/workload.h"
+
+namespace batchtune::cli {
+
+struct PlanFlags {
+  int64_t batch_size = 0;
+  std::string plan_file;
+  int64_t target_batch = 0;
+  double base_lr = 1e-3;
+  int64_t base_batch = 0;
+  std::string lr_scaling;
+  int64_t warmup = -1;
+  std::string amp = "auto";
+};
+
+/// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at
+/// most: the ratio is what matters, and a 12x slower bf16 step at a large
+/// batch would cost more than the decision is worth.
+constexpr int64_t kAmpProbeMaxBatch = 32;
+
+void add_plan_flags(CLI::App& app, PlanFlags& flags);
+
+/// The plan the flags ask for. `app` tells which flags were given (they
+/// override a plan file's values; `--lr` given sets the lr exactly). Throws
+/// `batchtune::Error` naming the flag.
+Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
+                  DeviceMemory& memory);
+
+}  // namespace batchtune::cli

@@ -1,0 +1,136 @@
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <iostream>
+
+#include "batchtune/dataset.h"
+#include "batchtune/error.h"
+#include "batchtune/shape.h"
+#include "batchtune/train_reporter.h"
+#include "batchtune/trainer.h"
+#include "commands.h"
+#include "plan_flags.h"
+#include "workload_flags.h"
+
+namespace batchtune::cli {
+namespace {
+
+// Synthetic training data without --input / --classes: the workload defaults.
+const std::vector<int64_t> kDefaultTrainInput{3, 64, 64};
+constexpr int64_t kDefaultTrainClasses = 10;
+
+/// How often the progress bar is redrawn on a terminal.
+constexpr double kProgressIntervalS = 0.25;
+
+struct TrainFlags {
+  WorkloadFlags workload;
+  PlanFlags plan;
+  std::string data = "synthetic";
+  int64_t epochs = 1;
+  int64_t steps = 0;
+  int64_t log_every = 100;
+  std::string checkpoint;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+  bool memory_summary = false;
+  std::string json;
+};
+
+int run_train(const TrainFlags& flags, const CLI::App& cmd) {
+  if (flags.epochs < 1 && flags.steps == 0) {
+    throw Error(fmt::format("--epochs: must be at least 1, got {}", flags.epochs));
+  }
+  if (flags.steps < 0) throw Error(fmt::format("--steps: must be at least 1, got {}", flags.steps));
+  if (flags.log_every < 0) {
+    throw Error(fmt::format("--log-every: must be 0 (none) or more, got {}", flags.log_every));
+  }
+  if (flags.checkpoint_every < 0) {
+    throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
+                            flags.checkpoint_every));
+  }
+  if (flags.resume && flags.checkpoint.empty()) {
+    throw Error("--resume: needs --checkpoint DIR to resume from");
+  }
+  if (flags.checkpoint_every > 0 && flags.checkpoint.empty()) {
+    throw Error("--checkpoint-every: needs --checkpoint DIR to write to");
+  }
+  std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
+
+  WorkloadFlags workload_flags = flags.workload;
+  if (workload_flags.inputs.size() > 1 ||
+      (!workload_flags.inputs.empty() &&
+       workload_flags.inputs.front().find(':') != std::string::npos) ||
+      !workload_flags.input_spec.empty()) {
+    throw Error("--input: train reads one float input per sample (images, Fashion-MNIST) for now; "
+                "token and multi-input specs work with probe and tune");
+  }
+  const std::vector<int64_t> requested =
+      workload_flags.inputs.empty() ? kDefaultTrainInput
+                                    : parse_shape(workload_flags.inputs.front(), "--input");
+  DataSplits data = open_dataset(flags.data, requested,
+                                 workload_flags.classes > 0 ? workload_flags.classes
+                                                            : kDefaultTrainClasses,
+                                 workload_flags.seed);
+  if (flags.data != "synthetic") {
+    // The data decides the input shape and the classes.
+    const std::string shape = format_shape(data.train->sample_shape());
+    if (!workload_flags.inputs.empty() && requested != data.train->sample_shape()) {
+      throw Error(fmt::format("--input: {} has {} samples, not {}; leave --input out",
+                              flags.data, shape, workload_flags.inputs.front()));
+    }
+    workload_flags.inputs = {shape};
+    workload_flags.classes = data.train->classes();
+  }
+  ResolvedWorkload resolved = resolve_workload(workload_flags);
+  out << fmt::format("{} on {}, {} thread(s); data: {}{}\n",
+                     resolved.workload->model().describe(), resolved.memory->device().str(),
+                     resolved.threads, data.train->describe(),
+                     data.test ? "; test: " + data.test->describe() : std::string());
+  const Plan plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory);
+  print_plan(out, plan);
+
+  Trainer trainer(*resolved.workload, *resolved.memory, plan, *data.train, data.test.get(),
+                  TrainOptions()
+                      .epochs(flags.epochs)
+                      .steps(flags.steps)
+                      .seed(flags.workload.seed)
+                      .log_every(flags.log_every)
+                      .progress_interval_s(kProgressIntervalS)
+                      .checkpoint_dir(flags.checkpoint)
+                      .checkpoint_every(flags.checkpoint_every)
+                      .resume(flags.resume));
+  TrainConsoleReporter reporter(out, flags.json != "-" && ::isatty(STDOUT_FILENO) != 0);
+  trainer.set_callback([&](const TrainEvent& e) { reporter.report(e); });
+  const TrainSummary summary = trainer.run();
+  reporter.summary(summary);
+  if (flags.memory_summary) out << resolved.memory->summary() << "\n";
+  if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "train with a plan: accumulation, lr schedule, "
+                                          "mixed precision, OOM recovery, checkpoints");
+  auto flags = std::make_shared<TrainFlags>();
+  add_workload_flags(*cmd, flags->workload);
+  add_plan_flags(*cmd, flags->plan);
+  cmd->add_option("--data", flags->data, "synthetic or fashion-mnist[:DIR]")
+      ->capture_default_str();
+  cmd->add_option("--epochs", flags->epochs, "passes over the training set")
+      ->capture_default_str();
+  cmd->add_option("--steps", flags->steps, "optimizer steps in all (instead of --epochs)");
+  cmd->add_option("--log-every", flags->log_every, "a log line every N optimizer steps (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--checkpoint", flags->checkpoint, "directory for checkpoint.pt");
+  cmd->add_option("--checkpoint-every", flags->checkpoint_every,
+                  "a checkpoint every N optimizer steps, and at the end");
+  cmd->add_flag("--resume", flags->resume, "continue from the checkpoint in --checkpoint DIR");
+  cmd->add_flag("--memory-summary", flags->memory_summary,
+                "print the device allocator's statistics at the end");
+  cmd->add_option("--json", flags->json, "write the summary as JSON to FILE, or - for stdout");
+  return [flags, cmd] { return run_train(*flags, *cmd); };
+}
+
+}  // namespace batchtune::cli
