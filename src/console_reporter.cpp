@@ -52,8 +52,9 @@ void print_search(std::ostream& out, const SearchResult& search) {
              "peak", "step ms");
   for (size_t i = 0; i < search.trials.size(); ++i) {
     const TrialResult& t = search.trials[i];
-    const char* fits = t.fits ? "yes"
+    const char* fits = t.fits                                     ? "yes"
                        : t.failure == TrialFailure::kOverBudget ? "no (budget)"
+                       : t.failure == TrialFailure::kDoesNotRun ? "no (refused)"
                                                                 : "no (OOM)";
     fmt::print(out, "{:>5}  {:>10}  {:<13}  {:>12}  {:>10}\n", i + 1, t.batch_size, fits,
                format_bytes(t.peak_bytes), t.fits ? fmt::format("{:.1f}", t.step_ms) : "-");

@@ -13,6 +13,8 @@ const char* failure_name(TrialFailure failure) {
       return "out_of_memory";
     case TrialFailure::kOverBudget:
       return "over_budget";
+    case TrialFailure::kDoesNotRun:
+      return "does_not_run";
   }
   return nullptr;
 }

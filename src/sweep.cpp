@@ -3,11 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "batchtune/error.h"
 
 namespace batchtune {
 namespace {
+
+// Predicted steps get this headroom, so that the longer trial lands past the
+// minimum time rather than just short of it (google/benchmark uses 1.4 too).
+constexpr double kStepGrowthHeadroom = 1.4;
 
 // Below this many samples the model and its optimizer leave the batch no
 // room: more memory (or less per sample) is the only way up.
@@ -39,6 +44,17 @@ SweepRow sweep_row(const TrialResult& trial) {
   // Spread of samples/s is that of the step time (its inverse, to first order).
   row.samples_per_s_spread = trial.step_ms_spread;
   return row;
+}
+
+int64_t steps_needed(const TrialResult& trial) {
+  const auto timed = static_cast<int64_t>(trial.step_seconds.size());
+  double total = 0;
+  for (double s : trial.step_seconds) total += s;
+  if (timed == 0 || total <= 0 || total >= kSweepMinTimedSeconds) return timed;
+  const double predicted = static_cast<double>(timed) * kSweepMinTimedSeconds / total *
+                           kStepGrowthHeadroom;
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(predicted)), timed,
+                             kSweepMaxAutoSteps);
 }
 
 bool timed_well_enough(const TrialResult& trial) {
@@ -147,8 +163,15 @@ std::vector<SweepRow> run_sweep(const std::function<TrialResult(const TrialOptio
     TrialResult result = trial(
         TrialOptions().batch_size(batch).steps(kSweepTimedSteps).warmup_steps(kSweepWarmupSteps));
     int64_t steps = result.steps_run;
-    // A noisy machine: time again with more steps and keep the steadier one.
-    if (result.fits && result.step_ms_spread > kSweepTargetSpread) {
+    const int64_t needed = result.fits ? steps_needed(result) : 0;
+    if (needed > kSweepTimedSteps) {
+      // Fast steps: time again, long enough for the clock and the noise.
+      TrialResult longer = trial(
+          TrialOptions().batch_size(batch).steps(needed).warmup_steps(kSweepWarmupSteps));
+      steps += longer.steps_run;
+      if (longer.fits) result = longer;
+    } else if (result.fits && result.step_ms_spread > kSweepTargetSpread) {
+      // A noisy machine: time again with more steps and keep the steadier one.
       TrialResult longer = trial(TrialOptions()
                                      .batch_size(batch)
                                      .steps(kSweepMaxSteps - kSweepWarmupSteps)

@@ -26,7 +26,23 @@ double quantile(std::vector<double>& sorted, double q) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
 }
 
+// LibTorch errors that depend on the batch size, not on the model: the size
+// "does not run" and bounds the search; anything else is a real error.
+constexpr const char* kSizeRefusals[] = {
+    "Expected more than 1 value per channel when training",  // batch norm at batch 1
+    "invalid configuration argument",                        // CUDA grid too large
+    "CUDNN_STATUS_NOT_SUPPORTED",
+    "CUBLAS_STATUS_NOT_SUPPORTED",
+};
+
 }  // namespace
+
+bool is_size_refusal(const std::string& message) {
+  for (const char* refusal : kSizeRefusals) {
+    if (message.find(refusal) != std::string::npos) return true;
+  }
+  return false;
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -93,6 +109,17 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.failure = TrialFailure::kOutOfMemory;
     result.error = first_line(e.what_without_backtrace());
     // A failure mid-step leaves gradients behind: drop them before measuring.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  } catch (const c10::Error& e) {
+    if (!is_size_refusal(e.what_without_backtrace())) {
+      workload_.optimizer().zero_grad(/*set_to_none=*/true);
+      snapshot.restore();
+      memory_.release_cached();
+      throw;
+    }
+    result.fits = false;
+    result.failure = TrialFailure::kDoesNotRun;
+    result.error = first_line(e.what_without_backtrace());
     workload_.optimizer().zero_grad(/*set_to_none=*/true);
   } catch (...) {
     // Not a size limit (a shape mismatch...): the caller stops, but the model

@@ -103,3 +103,28 @@ TEST(Sweep, BadObjectiveOrToleranceIsAUserError) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Sweep, GrowsTheStepsOfFastTrialsLikeGoogleBenchmark) {
+  using namespace batchtune;
+  TrialResult fast;
+  fast.step_seconds = std::vector<double>(5, 0.001);  // 5 ms in all
+  EXPECT_EQ(steps_needed(fast), 420);                   // 5 * 0.3 / 0.005 * 1.4
+  fast.step_seconds = std::vector<double>(5, 0.00001);
+  EXPECT_EQ(steps_needed(fast), kSweepMaxAutoSteps);
+  TrialResult slow;
+  slow.step_seconds = std::vector<double>(5, 0.1);
+  EXPECT_EQ(steps_needed(slow), 5);
+  EXPECT_EQ(steps_needed(TrialResult{}), 0);
+}
+
+TEST(Trial, RecognisesSizesThatDoNotRun) {
+  using namespace batchtune;
+  EXPECT_TRUE(is_size_refusal(
+      "Expected more than 1 value per channel when training, got input size [1, 512, 1, 1]"));
+  EXPECT_TRUE(is_size_refusal("CUDA error: invalid configuration argument"));
+  EXPECT_FALSE(is_size_refusal("mat1 and mat2 shapes cannot be multiplied (4x10 and 12x3)"));
+}
+
+}  // namespace

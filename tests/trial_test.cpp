@@ -160,3 +160,21 @@ TEST(TrialRunner, FitsAndOverflowsOnTheGpu_CUDA) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(TrialRunner, BatchNormAtBatchOneDoesNotRunAndIsNoError) {
+  using namespace batchtune;
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 1024 * kMiB);
+  Workload workload(WorkloadOptions().model("resnet18").input_shape({3, 32, 32}));
+  const auto params = copies(workload.model().parameters());
+  TrialRunner runner(workload, *memory);
+  const TrialResult r = runner.run(TrialOptions().batch_size(1));
+  EXPECT_FALSE(r.fits);
+  EXPECT_EQ(r.failure, TrialFailure::kDoesNotRun);
+  EXPECT_NE(r.error.find("value per channel"), std::string::npos) << r.error;
+  expect_identical(workload.model().parameters(), params);
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(2)).fits);
+}
+
+}  // namespace

@@ -20,6 +20,11 @@ constexpr int64_t kSweepTimedSteps = 5;
 constexpr int64_t kSweepWarmupSteps = 2;
 constexpr int64_t kSweepMaxSteps = 20;
 constexpr double kSweepTargetSpread = 0.05;
+/// Fast steps are timed again with enough steps to fill this many seconds
+/// (up to `kSweepMaxAutoSteps`), as google/benchmark grows its iterations:
+/// a sub-millisecond step timed 5 times is mostly noise.
+constexpr double kSweepMinTimedSeconds = 0.3;
+constexpr int64_t kSweepMaxAutoSteps = 500;
 /// Default share of the best throughput within which the smallest batch is
 /// chosen: past that point a larger batch only costs memory.
 constexpr double kDefaultThroughputTolerance = 0.02;
@@ -50,6 +55,10 @@ SweepRow sweep_row(const TrialResult& trial);
 /// Training FLOPs per sample: about 3x the forward pass (the backward pass
 /// costs about twice the forward).
 constexpr double kTrainingFlopsPerForwardFlop = 3;
+
+/// Timed steps a trial needs to fill `kSweepMinTimedSeconds`, predicted from
+/// the steps it ran (never fewer than it ran).
+int64_t steps_needed(const TrialResult& trial);
 
 /// Whether a search trial already timed `batch` well enough to stand as its
 /// sweep row.

@@ -41,7 +41,15 @@ enum class TrialFailure {
   kNone,
   kOutOfMemory,  ///< an allocation failed
   kOverBudget,   ///< it ran, but its peak passed the usable budget
+  /// LibTorch refused the size itself: batch norm at batch 1, a CUDA launch
+  /// configuration too large, cuDNN "not supported". It bounds the search
+  /// like an out-of-memory.
+  kDoesNotRun,
 };
+
+/// Whether a LibTorch error message says the batch size itself cannot run
+/// (see `TrialFailure::kDoesNotRun`), rather than that something is wrong.
+bool is_size_refusal(const std::string& message);
 
 /// What one trial measured. Plain data: everything above the trial runner
 /// works with these, never with exceptions.
