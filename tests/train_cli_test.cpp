@@ -32,7 +32,8 @@ constexpr const char* kSmall = " --model mlp --input 1x8x8 --device cpu --amp of
 INSTANTIATE_TEST_SUITE_P(
     Train, TrainCliBadInput,
     ::testing::Values(
-        BadTrainInput{"train --model mlp --input 1x8x8 --device cpu", "--batch-size"},
+        BadTrainInput{"train --model resnet18 --input 3x32x32 --device cpu --memory-limit 50MiB",
+                      "--memory-limit"},
         BadTrainInput{"train --batch-size 0 --model mlp --input 1x8x8", "--batch-size"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --lr-scaling cubic",
                       "--lr-scaling"},
@@ -57,8 +58,18 @@ INSTANTIATE_TEST_SUITE_P(
                       "--target-batch 100000",
                       "--target-batch"},
         BadTrainInput{"train --plan /nonexistent/plan.json --model mlp --input 1x8x8", "--plan"},
-        BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"},
-        BadTrainInput{"plan --model mlp --input 1x8x8 --amp off", "--batch-size"}));
+        BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"}));
+
+TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {
+  const auto r = batchtune::testing::run_cli(
+      "train --model mlp --input 1x8x8 --device cpu --amp off --memory-limit 8MiB --steps 3 "
+      "--json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tuned — largest that fits"), std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_GT(j["micro_batch_size"].get<int64_t>(), 0);
+  EXPECT_EQ(j["steps"], 3);
+}
 
 TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
   const auto r = run_cli(std::string("train --batch-size 8 --target-batch 32 --steps 4") +

@@ -33,7 +33,8 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
 }
 
 Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
-                  DeviceMemory& memory) {
+                  DeviceMemory& memory, int64_t max_batch, int64_t tuned_batch,
+                  std::string tuned_reason) {
   const auto given = [&](const char* name) { return app.count(name) > 0; };
   if (given("--batch-size") && flags.batch_size < 1) {
     throw Error(fmt::format("--batch-size: must be at least 1, got {}", flags.batch_size));
@@ -83,16 +84,22 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
           fmt::format("amp {}: from {}", amp_name(file.amp), flags.plan_file));
     }
   } else {
-    if (!given("--batch-size")) {
-      // The tune search finds the micro-batch and fills in the rest.
-      return quick_tune(workload, memory, options);
+    int64_t micro = flags.batch_size;
+    if (tuned_batch > 0) {
+      micro = tuned_batch;
+    } else if (!given("--batch-size")) {
+      // A quick tune finds the micro-batch; the flags fill in the rest.
+      const TunedBatch tuned = quick_tune(workload, memory, max_batch);
+      micro = tuned.batch_size;
+      tuned_reason = tuned.reason;
     }
-    options.micro_batch_size(flags.batch_size);
-    const AmpChoice amp = choose_amp(amp_asked, workload, memory,
-                                     std::min(flags.batch_size, kAmpProbeMaxBatch));
+    options.micro_batch_size(micro);
+    const AmpChoice amp =
+        choose_amp(amp_asked, workload, memory, std::min(micro, kAmpProbeMaxBatch));
     options.amp(amp.mode).amp_reason(amp.reason);
   }
   Plan plan = make_plan(options);
+  if (!tuned_reason.empty()) plan.reasons.insert(plan.reasons.begin(), tuned_reason);
   if (given("--lr")) {
     plan.lr = workload.options().lr();
     for (auto& reason : plan.reasons) {

@@ -9,6 +9,7 @@
 
 #include "batchtune/device_memory.h"
 #include "batchtune/plan.h"
+#include "batchtune/search.h"
 #include "batchtune/workload.h"
 
 namespace batchtune::cli {
@@ -32,9 +33,12 @@ constexpr int64_t kAmpProbeMaxBatch = 32;
 void add_plan_flags(CLI::App& app, PlanFlags& flags);
 
 /// The plan the flags ask for. `app` tells which flags were given (they
-/// override a plan file's values; `--lr` given sets the lr exactly). Throws
+/// override a plan file's values; `--lr` given sets the lr exactly). The
+/// micro-batch is `tuned_batch` when positive (from `tune`, with its reason),
+/// else `--batch-size`, else a quick tune up to `max_batch`. Throws
 /// `batchtune::Error` naming the flag.
 Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
-                  DeviceMemory& memory);
+                  DeviceMemory& memory, int64_t max_batch = kDefaultMaxBatch,
+                  int64_t tuned_batch = 0, std::string tuned_reason = {});
 
 }  // namespace batchtune::cli

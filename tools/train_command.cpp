@@ -8,12 +8,16 @@
 #include "batchtune/shape.h"
 #include "batchtune/train_reporter.h"
 #include "batchtune/trainer.h"
+#include "batchtune/monitor.h"
 #include "commands.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
 
 namespace batchtune::cli {
 namespace {
+
+// The log line's utilization: the mean over this many recent seconds.
+constexpr double kUtilizationWindowS = 5;
 
 // Synthetic training data without --input / --classes: the workload defaults.
 const std::vector<int64_t> kDefaultTrainInput{3, 64, 64};
@@ -86,7 +90,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                      resolved.workload->model().describe(), resolved.memory->device().str(),
                      resolved.threads, data.train->describe(),
                      data.test ? "; test: " + data.test->describe() : std::string());
-  const Plan plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory);
+  // A quick tune never tries a batch larger than the training data.
+  const Plan plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory,
+                                 data.train->size());
   print_plan(out, plan);
 
   Trainer trainer(*resolved.workload, *resolved.memory, plan, *data.train, data.test.get(),
@@ -99,9 +105,22 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .checkpoint_dir(flags.checkpoint)
                       .checkpoint_every(flags.checkpoint_every)
                       .resume(flags.resume));
+  // Device utilization for the log lines: the mean over the last few seconds.
+  Monitor monitor(make_sampler(resolved.memory->device()));
+  const std::string device = resolved.memory->device().str();
+  trainer.set_utilization_source([&]() -> std::optional<double> {
+    const double now = monitor.now_s();
+    for (const auto& s : monitor.summarize(now - kUtilizationWindowS, now)) {
+      if (s.device == device && s.mean_utilization_percent) {
+        return *s.mean_utilization_percent / 100;  // the trainer takes a fraction
+      }
+    }
+    return std::nullopt;
+  });
   TrainConsoleReporter reporter(out, flags.json != "-" && ::isatty(STDOUT_FILENO) != 0);
   trainer.set_callback([&](const TrainEvent& e) { reporter.report(e); });
   const TrainSummary summary = trainer.run();
+  monitor.stop();
   reporter.summary(summary);
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
   if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));

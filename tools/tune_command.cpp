@@ -15,7 +15,10 @@
 #include "batchtune/tune_report.h"
 #include "batchtune/atomic_file.h"
 #include "batchtune/trial.h"
+#include "batchtune/plan.h"
+#include "batchtune/train_reporter.h"
 #include "commands.h"
+#include "plan_flags.h"
 #include "workload_flags.h"
 
 namespace batchtune::cli {
@@ -57,14 +60,22 @@ struct TuneFlags {
   double tolerance = kDefaultThroughputTolerance;
   std::string json;
   std::string report;
+  PlanFlags plan;
 };
 
-int run_tune(const TuneFlags& flags) {
+int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   const SearchOptions options = SearchOptions()
                                     .strategy(parse_search_strategy(flags.strategy))
                                     .max_batch(flags.max_batch)
                                     .time_budget_s(flags.time_budget)
                                     .tolerance(flags.search_tolerance);
+  for (const char* name : {"--batch-size", "--plan"}) {
+    if (cmd.count(name) > 0) {
+      throw Error(fmt::format("{}: tune finds the micro-batch itself; use probe to try one size, "
+                              "or train {} to train with one",
+                              name, name));
+    }
+  }
   const Objective objective = parse_objective(flags.objective);
   if (!(flags.tolerance >= 0 && flags.tolerance < 1)) {
     throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}", flags.tolerance));
@@ -145,12 +156,22 @@ int run_tune(const TuneFlags& flags) {
     }
     print_sweep(out, report);
   }
+  std::optional<Plan> plan;
+  if (!flags.search_only && report.selection.batch_size > 0) {
+    plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
+                        report.selection.batch_size,
+                        fmt::format("micro-batch {}: {}", report.selection.batch_size,
+                                    report.selection.reason));
+    fmt::print(out, "\n");
+    print_plan(out, *plan);
+  }
 
   if (!flags.report.empty()) {
     write_file_atomically(flags.report, html_report(report));
     fmt::print(out, "report: {}\n", flags.report);
   }
   nlohmann::json json = flags.search_only ? to_json(search) : to_json(report);
+  if (plan) json["plan"] = to_json(*plan);
   json["complete"] = true;
   if (!flags.json.empty()) write_json_output(flags.json, json);
   return 0;
@@ -185,7 +206,9 @@ CommandRun add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--report", flags->report, "write an HTML report with plots to FILE");
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
-  return [flags] { return run_tune(*flags); };
+  // The plan's flags; tune itself finds the micro-batch (see run_tune).
+  add_plan_flags(*cmd, flags->plan);
+  return [flags, cmd] { return run_tune(*flags, *cmd); };
 }
 
 }  // namespace batchtune::cli

@@ -1,25 +1,38 @@
 #pragma once
 
-#include "batchtune/plan.h"
+#include <cstdint>
+#include <string>
+
+#include "batchtune/search.h"
+#include "batchtune/sweep.h"
 
 namespace batchtune {
 
 class DeviceMemory;
 class Workload;
 
-/// The short search `batchtune train` runs when given neither
-/// `--batch-size` nor `--plan`: finds the micro-batch for `workload` on
-/// `memory` and returns `make_plan(options)` with it filled in (the other
-/// options — target batch, lr, amp — as the caller set them).
-///
-/// Not wired yet: until the tune search lands it throws `batchtune::Error`
-/// asking for `--batch-size` or `--plan`.
+/// The search time budget of a quick tune: `train` should start training
+/// soon, so it spends at most this long finding the micro-batch.
+constexpr double kQuickTuneTimeBudgetSeconds = 60;
+
+/// A micro-batch found by a quick tune, and why.
+struct TunedBatch {
+  int64_t batch_size = 0;
+  std::string reason;
+  SearchResult search;
+  std::vector<SweepRow> sweep;
+};
+
+/// What `batchtune train` runs when given neither `--batch-size` nor
+/// `--plan`: the `predict` search (within `kQuickTuneTimeBudgetSeconds`, at
+/// most `max_batch`), the sweep up to the maximum, and the throughput choice.
+/// Throws `batchtune::Error` when not even batch size 1 fits.
 ///
 /// Example:
 /// ```
-///   batchtune::Plan plan = batchtune::quick_tune(workload, *memory,
-///                                                batchtune::PlanOptions().target_batch(512));
+///   batchtune::TunedBatch tuned = batchtune::quick_tune(workload, *memory, 60000);
+///   auto plan = batchtune::make_plan(options.micro_batch_size(tuned.batch_size));
 /// ```
-Plan quick_tune(Workload& workload, DeviceMemory& memory, const PlanOptions& options);
+TunedBatch quick_tune(Workload& workload, DeviceMemory& memory, int64_t max_batch);
 
 }  // namespace batchtune
