@@ -128,3 +128,21 @@ TEST(Trial, RecognisesSizesThatDoNotRun) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Sweep, ToleranceWidensToTheMeasuredSpread) {
+  using namespace batchtune;
+  auto r = rows({{64, 955}, {128, 1000}});
+  EXPECT_EQ(select_batch(r, Objective::kThroughput, 0.02).batch_size, 128);
+  r[0].samples_per_s_spread = 0.06;  // 955 is within its own noise of 1000
+  r[1].samples_per_s_spread = 0.04;
+  const Selection s = select_batch(r, Objective::kThroughput, 0.02);
+  EXPECT_EQ(s.batch_size, 64);
+  EXPECT_NE(s.reason.find("spread"), std::string::npos) << s.reason;
+  r[0].samples_per_s_spread = 0.5;  // never wider than 10 %
+  r[0].samples_per_s = 850;
+  EXPECT_EQ(select_batch(r, Objective::kThroughput, 0.02).batch_size, 128);
+}
+
+}  // namespace
