@@ -14,9 +14,6 @@ namespace {
 // minimum time rather than just short of it (google/benchmark uses 1.4 too).
 constexpr double kStepGrowthHeadroom = 1.4;
 
-// The widest the throughput tolerance grows to cover measurement noise.
-constexpr double kMaxNoiseTolerance = 0.10;
-
 // Below this many samples the model and its optimizer leave the batch no
 // room: more memory (or less per sample) is the only way up.
 constexpr int64_t kMemoryBoundBatch = 8;
@@ -91,19 +88,10 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   const auto best = std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
     return a.samples_per_s < b.samples_per_s;
   });
-  // Two rows whose difference is within their own measured spread cannot be
-  // told apart: the smaller batch is as good, so the tolerance widens to the
-  // spread (up to kMaxNoiseTolerance).
-  const auto allowed = [&](const SweepRow& row) {
-    const double noise = (row.samples_per_s_spread + best->samples_per_s_spread) / 2;
-    return std::max(tolerance, std::min(noise, kMaxNoiseTolerance));
-  };
+  const double floor = best->samples_per_s * (1 - tolerance);
   const SweepRow* chosen = &*best;
   for (const auto& row : rows) {
-    if (row.samples_per_s >= best->samples_per_s * (1 - allowed(row)) &&
-        row.batch_size < chosen->batch_size) {
-      chosen = &row;
-    }
+    if (row.samples_per_s >= floor && row.batch_size < chosen->batch_size) chosen = &row;
   }
   if (chosen->batch_size == best->batch_size) {
     return {chosen->batch_size,
@@ -114,12 +102,9 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   return {chosen->batch_size,
           fmt::format("throughput: {} reaches {:.1f} % of the best measured ({:.1f} samples/s "
                       "at {}); past it a larger batch buys less than {:.0f} % more speed and "
-                      "only costs memory{}",
+                      "only costs memory",
                       chosen->batch_size, 100 * chosen->samples_per_s / best->samples_per_s,
-                      best->samples_per_s, best->batch_size, allowed(*chosen) * 100,
-                      allowed(*chosen) > tolerance ? " (the tolerance widened to the measurements' "
-                                                     "own spread)"
-                                                   : "")};
+                      best->samples_per_s, best->batch_size, tolerance * 100)};
 }
 
 Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, double tolerance) {

@@ -110,11 +110,11 @@ TEST(Sweep, GrowsTheStepsOfFastTrialsLikeGoogleBenchmark) {
   using namespace batchtune;
   TrialResult fast;
   fast.step_seconds = std::vector<double>(5, 0.001);  // 5 ms in all
-  EXPECT_EQ(steps_needed(fast), 420);                   // 5 * 0.3 / 0.005 * 1.4
+  EXPECT_EQ(steps_needed(fast), 1400);                  // 5 * 1.0 / 0.005 * 1.4
   fast.step_seconds = std::vector<double>(5, 0.00001);
   EXPECT_EQ(steps_needed(fast), kSweepMaxAutoSteps);
   TrialResult slow;
-  slow.step_seconds = std::vector<double>(5, 0.1);
+  slow.step_seconds = std::vector<double>(5, 0.25);
   EXPECT_EQ(steps_needed(slow), 5);
   EXPECT_EQ(steps_needed(TrialResult{}), 0);
 }
@@ -125,24 +125,6 @@ TEST(Trial, RecognisesSizesThatDoNotRun) {
       "Expected more than 1 value per channel when training, got input size [1, 512, 1, 1]"));
   EXPECT_TRUE(is_size_refusal("CUDA error: invalid configuration argument"));
   EXPECT_FALSE(is_size_refusal("mat1 and mat2 shapes cannot be multiplied (4x10 and 12x3)"));
-}
-
-}  // namespace
-
-namespace {
-
-TEST(Sweep, ToleranceWidensToTheMeasuredSpread) {
-  using namespace batchtune;
-  auto r = rows({{64, 955}, {128, 1000}});
-  EXPECT_EQ(select_batch(r, Objective::kThroughput, 0.02).batch_size, 128);
-  r[0].samples_per_s_spread = 0.06;  // 955 is within its own noise of 1000
-  r[1].samples_per_s_spread = 0.04;
-  const Selection s = select_batch(r, Objective::kThroughput, 0.02);
-  EXPECT_EQ(s.batch_size, 64);
-  EXPECT_NE(s.reason.find("spread"), std::string::npos) << s.reason;
-  r[0].samples_per_s_spread = 0.5;  // never wider than 10 %
-  r[0].samples_per_s = 850;
-  EXPECT_EQ(select_batch(r, Objective::kThroughput, 0.02).batch_size, 128);
 }
 
 }  // namespace

@@ -23,8 +23,10 @@ constexpr double kSweepTargetSpread = 0.05;
 /// Fast steps are timed again with enough steps to fill this many seconds
 /// (up to `kSweepMaxAutoSteps`), as google/benchmark grows its iterations:
 /// a sub-millisecond step timed 5 times is mostly noise.
-constexpr double kSweepMinTimedSeconds = 0.3;
-constexpr int64_t kSweepMaxAutoSteps = 500;
+/// One second: on shared machines shorter timings differed by 10-40 % from
+/// run to run (bench/sweep_quality).
+constexpr double kSweepMinTimedSeconds = 1.0;
+constexpr int64_t kSweepMaxAutoSteps = 2000;
 /// Default share of the best throughput within which the smallest batch is
 /// chosen: past that point a larger batch only costs memory.
 constexpr double kDefaultThroughputTolerance = 0.02;
