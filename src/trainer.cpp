@@ -86,9 +86,13 @@ at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
     }
     // Mean over the logical batch = sum of micro-batch means × their shares
     // (1 / accumulation_steps when the micro-batches are equal).
+    // Without accumulation the share is 1: no extra ops on a hot, tiny step.
     const double share = static_cast<double>(end - begin) / static_cast<double>(total);
-    scaler.scale(loss * share).backward();
-    const at::Tensor part = loss.detach().to(at::kFloat) * share;
+    const bool whole = end - begin == total;
+    scaler.scale(whole ? loss : loss * share).backward();
+    at::Tensor part = loss.detach();
+    if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
+    if (!whole) part = part * share;
     loss_sum = loss_sum.defined() ? loss_sum + part : part;
   }
   return loss_sum;
