@@ -19,31 +19,16 @@
 #include "batchtune/shape.h"
 #include "batchtune/size.h"
 #include "batchtune/workload.h"
+#include "bench_workloads.h"
 
 namespace {
 
 using namespace batchtune;
 
-struct Case {
-  const char* model;
-  std::vector<int64_t> input;  ///< for gpt: {sequence length}, vocabulary 256
-  int64_t limit;
-};
-
-constexpr int64_t kGptVocab = 256;
-
-WorkloadOptions workload_options(const Case& c) {
-  if (std::string(c.model) == "gpt") {
-    return WorkloadOptions().model("gpt").input_spec(token_spec(c.input[0], kGptVocab));
-  }
-  return WorkloadOptions().model(c.model).input_shape(c.input);
-}
-
-std::string describe(const Case& c) {
-  return std::string(c.model) + " " + format_shape(c.input);
-}
-
-constexpr int64_t kMiB = int64_t{1} << 20;
+using bench::Case;
+using bench::describe;
+using bench::kMiB;
+using bench::workload_options;
 
 struct Row {
   std::string strategy;

@@ -21,29 +21,21 @@
 #include "batchtune/size.h"
 #include "batchtune/sweep.h"
 #include "batchtune/workload.h"
+#include "bench_workloads.h"
 
 namespace {
 
 using namespace batchtune;
 
-constexpr int64_t kMiB = int64_t{1} << 20;
 // The exhaustive grid times each size this many steps, three times over,
 // and keeps the median of the three medians.
 constexpr int64_t kGridSteps = 15;
 constexpr int kGridRepeats = 3;
 
-struct Case {
-  const char* model;
-  std::vector<int64_t> input;
-  int64_t limit;
-};
-
-WorkloadOptions workload_options(const Case& c) {
-  if (std::string(c.model) == "gpt") {
-    return WorkloadOptions().model("gpt").input_spec(token_spec(c.input[0], 256));
-  }
-  return WorkloadOptions().model(c.model).input_shape(c.input);
-}
+using bench::Case;
+using bench::describe;
+using bench::kMiB;
+using bench::workload_options;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -90,8 +82,8 @@ int main(int argc, char** argv) {
       if (sps > best) best = sps, best_batch = b;
       if (b == chosen.batch_size) chosen_sps = sps;
     }
-    fmt::print("| {} {} | {} | {} | {} | {:.0f} | {:.0f} ({}) | {:.3f} | {:.1f} |\n", c.model,
-               format_shape(c.input), format_bytes(c.limit), search.max_batch_size,
+    fmt::print("| {} | {} | {} | {} | {:.0f} | {:.0f} ({}) | {:.3f} | {:.1f} |\n", describe(c),
+               format_bytes(c.limit), search.max_batch_size,
                chosen.batch_size, chosen_sps, best, best_batch, chosen_sps / best, tune_seconds);
     std::fflush(stdout);
   }

@@ -5,21 +5,14 @@
 #include <string>
 
 #include "batchtune/error.h"
+#include "test_helpers.h"
 
 namespace {
 
+using batchtune::testing::error_of;
+
 using namespace batchtune;
 
-/// The message of the `batchtune::Error` that `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(InputSpec, TodaysFlagsMeanOneFloatInputWithClasses) {
   const auto spec = parse_input_flags(InputFlags().inputs({"3x224x224"}).classes(1000));

@@ -14,9 +14,14 @@
 #include "batchtune/error.h"
 #include "batchtune/trial.h"
 #include "batchtune/workload.h"
+#include "test_helpers.h"
 #include "cli_runner.h"
 
 namespace {
+
+using batchtune::testing::copies;
+using batchtune::testing::error_of;
+using batchtune::testing::expect_identical;
 
 using namespace batchtune;
 
@@ -106,16 +111,6 @@ WorkloadOptions token_options(const std::string& path) {
   return WorkloadOptions().model(path).input_spec(token_spec(kTokens, kVocab)).seed(5);
 }
 
-std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.detach().clone());
-  return out;
-}
-
-void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
-}
 
 /// Trains `steps` steps on one batch; returns the first and the last loss.
 std::pair<double, double> train_on_one_batch(Workload& workload, int steps) {
@@ -256,16 +251,6 @@ TEST(ScriptModel, GraphExecutorOptimisationStillTrains) {
   EXPECT_LT(last, first);
 }
 
-/// The message of the `batchtune::Error` that `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(ScriptModel, ClearErrors) {
   TempFile text("notes.pt");

@@ -7,23 +7,17 @@
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
 #include "batchtune/workload.h"
+#include "test_helpers.h"
 
 namespace {
+
+using batchtune::testing::copies;
+using batchtune::testing::expect_identical;
 
 using namespace batchtune;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
-std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.detach().clone());
-  return out;
-}
-
-void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
-}
 
 /// Adam's state, per parameter, as plain tensors.
 std::vector<torch::Tensor> adam_state(Workload& workload) {
