@@ -36,8 +36,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// The visiting order of epoch `epoch`: a permutation drawn from (seed, epoch)

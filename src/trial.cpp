@@ -16,9 +16,6 @@
 namespace batchtune {
 namespace {
 
-/// The first line of an error: LibTorch appends C++ stack traces after it.
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 double quantile(std::vector<double>& sorted, double q) {
   const double pos = q * static_cast<double>(sorted.size() - 1);
   const auto lo = static_cast<size_t>(std::floor(pos));

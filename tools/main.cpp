@@ -30,8 +30,6 @@ constexpr CommandEntry kCommands[] = {
 constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,10 +70,10 @@ int main(int argc, char** argv) {
     std::cerr << "batchtune: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const c10::Error& e) {
-    std::cerr << "batchtune: LibTorch error: " << first_line(e.what_without_backtrace()) << "\n";
+    std::cerr << "batchtune: LibTorch error: " << batchtune::first_line(e.what_without_backtrace()) << "\n";
     return kExitFailure;
   } catch (const std::exception& e) {
-    std::cerr << "batchtune: " << first_line(e.what()) << "\n";
+    std::cerr << "batchtune: " << batchtune::first_line(e.what()) << "\n";
     return kExitFailure;
   }
   return kExitFailure;

@@ -18,4 +18,8 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The first line of an error message: LibTorch appends a C++ stack trace
+/// after it, which people should not see.
+inline std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 }  // namespace batchtune
