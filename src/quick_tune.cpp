@@ -6,6 +6,7 @@
 
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
+#include "batchtune/interrupt.h"
 #include "batchtune/trial.h"
 #include "batchtune/workload.h"
 
@@ -15,7 +16,10 @@ TunedBatch quick_tune(Workload& workload, DeviceMemory& memory, int64_t max_batc
   TrialRunner runner(workload, memory);
   TunedBatch tuned;
   tuned.search = search_max_batch(
-      [&](int64_t b) { return runner.run(TrialOptions().batch_size(b).steps(1).warmup_steps(1)); },
+      [&](int64_t b) {
+        throw_if_interrupted();
+        return runner.run(TrialOptions().batch_size(b).steps(1).warmup_steps(1));
+      },
       SearchOptions()
           .max_batch(std::min(max_batch, kDefaultMaxBatch))
           .time_budget_s(kQuickTuneTimeBudgetSeconds));
@@ -24,8 +28,12 @@ TunedBatch quick_tune(Workload& workload, DeviceMemory& memory, int64_t max_batc
         "--memory-limit: not even batch size 1 fits in {} usable bytes; give more memory",
         memory.usable_bytes()));
   }
-  tuned.sweep = run_sweep([&](const TrialOptions& o) { return runner.run(o); },
-                          sweep_grid(tuned.search.max_batch_size), tuned.search.trials);
+  tuned.sweep = run_sweep(
+      [&](const TrialOptions& o) {
+        throw_if_interrupted();
+        return runner.run(o);
+      },
+      sweep_grid(tuned.search.max_batch_size), tuned.search.trials);
   const Selection chosen = select_batch(tuned.sweep, Objective::kThroughput);
   tuned.batch_size = chosen.batch_size;
   tuned.reason = fmt::format("micro-batch {}: tuned — largest that fits {} ({}); {}",

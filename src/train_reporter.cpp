@@ -34,6 +34,8 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"world_size", s.world_size},
       {"seconds", s.seconds},
       {"samples_per_s", s.samples_per_s},
+      {"complete", s.complete},
+      {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
   };
 }
 
@@ -108,6 +110,10 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
       s.steps, s.epochs, s.samples, s.seconds, s.samples_per_s, s.final_loss,
       s.test_accuracy ? fmt::format("{:.2f} %", *s.test_accuracy * 100) : std::string("n/a"),
       s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size);
+  if (!s.complete) {
+    out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
+                        s.interrupted_by, s.steps);
+  }
 }
 
 }  // namespace batchtune

@@ -1,8 +1,5 @@
 #include "batchtune/trainer.h"
 
-#include "batchtune/input_spec.h"
-#include "batchtune/shape.h"
-
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -23,6 +20,7 @@
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
 #include "batchtune/input_spec.h"
+#include "batchtune/interrupt.h"
 #include "batchtune/shape.h"
 #include "batchtune/size.h"
 #include "batchtune/workload.h"
@@ -335,10 +333,13 @@ TrainSummary Trainer::run() {
       settle_clock();
       save_checkpoint();
     }
+    if (interrupt_requested()) break;
   }
   settle_clock();
+  const bool complete = step_ >= total_steps_;
   if (last_loss_tensor_.defined()) last_loss_ = last_loss_tensor_.item<double>();
-  if (test_ != nullptr && test_accuracy_step_ != step_) {
+  // An interrupted run skips the final evaluation: the user asked to stop.
+  if (complete && test_ != nullptr && test_accuracy_step_ != step_) {
     test_accuracy_ = evaluate();
     test_accuracy_step_ = step_;
   }
@@ -360,6 +361,8 @@ TrainSummary Trainer::run() {
   s.samples_per_s =
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
   s.resumed_from_step = resumed_from_step_;
+  s.complete = complete;
+  if (!complete) s.interrupted_by = interrupt_name();
   return s;
 }
 

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 
 #include "batchtune/budget_allocator.h"
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
+#include "batchtune/interrupt.h"
 #include "batchtune/workload.h"
 
 namespace batchtune {
@@ -199,6 +201,43 @@ TEST(Trainer, ResumeFromACheckpointReproducesTheUninterruptedRunExactly) {
   EXPECT_EQ(s_resumed.steps, s_whole.steps);
   EXPECT_EQ(s_resumed.samples, s_whole.samples);
   EXPECT_EQ(s_resumed.final_loss, s_whole.final_loss);
+  auto a = whole.model().parameters();
+  auto b = second.model().parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << "parameter " << i;
+}
+
+TEST(Trainer, AnInterruptStopsAfterTheStepWithACheckpointThatResumes) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto data = toy_data({1, 12, 12}, 80, 5, 5);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-3).base_batch(16));
+  const std::string dir = ::testing::TempDir() + "batchtune_interrupt_test";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+
+  Workload whole = make_workload("lenet", {1, 12, 12}, 5);
+  Trainer(whole, *memory, plan, *data, data.get(), TrainOptions().steps(9).seed(2)).run();
+
+  InterruptHandler interrupts;
+  Workload first = make_workload("lenet", {1, 12, 12}, 5);
+  Trainer stopped(first, *memory, plan, *data, data.get(),
+                  TrainOptions().steps(9).seed(2).checkpoint_dir(dir));
+  stopped.set_before_step([](int64_t step) {
+    if (step == 2) request_interrupt(SIGINT);  // arrives during step 3
+  });
+  const TrainSummary partial = stopped.run();
+  EXPECT_FALSE(partial.complete);
+  EXPECT_EQ(partial.interrupted_by, "SIGINT");
+  EXPECT_EQ(partial.steps, 3);
+  EXPECT_FALSE(partial.test_accuracy.has_value()) << "no final evaluation when interrupted";
+
+  InterruptHandler fresh;  // a new run starts without the old request
+  Workload second = make_workload("lenet", {1, 12, 12}, 5);
+  const TrainSummary resumed =
+      Trainer(second, *memory, plan, *data, nullptr,
+              TrainOptions().steps(9).seed(2).checkpoint_dir(dir).resume(true))
+          .run();
+  EXPECT_TRUE(resumed.complete);
+  EXPECT_EQ(resumed.resumed_from_step, 3);
   auto a = whole.model().parameters();
   auto b = second.model().parameters();
   ASSERT_EQ(a.size(), b.size());

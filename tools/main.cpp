@@ -7,6 +7,7 @@
 
 #include "batchtune/budget_allocator.h"
 #include "batchtune/error.h"
+#include "batchtune/interrupt.h"
 #include "commands.h"
 
 namespace {
@@ -66,6 +67,9 @@ int main(int argc, char** argv) {
     for (auto& [cmd, run] : commands) {
       if (cmd->parsed()) return run();
     }
+  } catch (const batchtune::Interrupted&) {
+    std::cerr << "batchtune: stopped by " << batchtune::interrupt_name() << "\n";
+    return batchtune::interrupt_exit_code();
   } catch (const batchtune::Error& e) {
     std::cerr << "batchtune: " << e.what() << "\n";
     return kExitBadInput;

@@ -8,6 +8,7 @@
 #include "batchtune/shape.h"
 #include "batchtune/train_reporter.h"
 #include "batchtune/trainer.h"
+#include "batchtune/interrupt.h"
 #include "batchtune/monitor.h"
 #include "commands.h"
 #include "plan_flags.h"
@@ -58,7 +59,12 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.checkpoint_every > 0 && flags.checkpoint.empty()) {
     throw Error("--checkpoint-every: needs --checkpoint DIR to write to");
   }
+  // A bad plan file fails now, before the data loads and lines are printed.
+  if (!flags.plan.plan_file.empty()) read_plan_file(flags.plan.plan_file);
   std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
+  // Ctrl-C or SIGTERM stops after the current optimizer step, with a
+  // checkpoint and a summary marked incomplete (a second one ends at once).
+  InterruptHandler interrupts;
 
   WorkloadFlags workload_flags = flags.workload;
   if (workload_flags.inputs.size() > 1 ||
@@ -124,7 +130,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   reporter.summary(summary);
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
   if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));
-  return 0;
+  return summary.complete ? 0 : interrupt_exit_code();
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "batchtune/console_reporter.h"
 #include "batchtune/error.h"
+#include "batchtune/interrupt.h"
 #include "batchtune/json_reporter.h"
 #include "batchtune/monitor.h"
 #include "batchtune/search.h"
@@ -40,6 +42,30 @@ void attach_readings(const Monitor& monitor, const std::string& device, double t
       for (double seconds : trial.step_seconds) timed += seconds;
       trial.energy_joules = *s.energy_joules * std::min(1.0, timed / (t1 - t0));
     }
+  }
+}
+
+/// What an interrupted tune keeps: the trials it finished, the largest that
+/// fitted as the answer, and a sweep row per batch size timed so far.
+void keep_partial_results(TuneReport& report, const std::vector<TrialResult>& measured,
+                          const std::vector<TrialResult>& swept, SearchStrategy strategy) {
+  report.complete = false;
+  if (report.search.trials.empty()) {  // interrupted during the search
+    report.search.strategy = strategy;
+    report.search.trials = measured;
+    for (const auto& t : measured) {
+      if (t.fits) report.search.max_batch_size = std::max(report.search.max_batch_size, t.batch_size);
+      report.search.steps += t.steps_run;
+    }
+    report.search.stop_reason = "interrupted by " + interrupt_name();
+  }
+  if (report.sweep.empty()) {
+    // The last timing of each size wins, as in a finished sweep.
+    std::map<int64_t, SweepRow> rows;
+    for (const auto& t : swept) {
+      if (t.fits) rows[t.batch_size] = sweep_row(t);
+    }
+    for (const auto& [batch, row] : rows) report.sweep.push_back(row);
   }
 }
 
@@ -83,6 +109,9 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!flags.report.empty() && flags.search_only) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
+  // Ctrl-C or SIGTERM stops after the current trial; what was measured is
+  // written, marked incomplete (a second one ends at once).
+  InterruptHandler interrupts;
   ResolvedWorkload resolved = resolve_workload(flags.workload);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const std::string device = resolved.memory->device().str();
@@ -94,87 +123,105 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
              resolved.workload->model().describe(), resolved.memory->device().str(),
              resolved.threads, to_string(options.strategy()));
-
-  // A progress line on a terminal only, overwritten in place.
-  const bool progress = isatty(fileno(stderr)) != 0;
-  const SearchResult search = search_max_batch(
-      [&](int64_t batch) {
-        if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
-        return runner.run(TrialOptions()
-                              .batch_size(batch)
-                              .steps(kSearchTimedSteps)
-                              .warmup_steps(kSearchWarmupSteps));
-      },
-      options, steady_clock(),
-      [&](const TrialResult& trial, size_t index) {
-        if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
-      });
-  if (progress) fmt::print(stderr, "\r\033[K");
-  print_search(out, search);
+  out << std::flush;
 
   TuneReport report;
   report.workload = resolved.workload->model().describe();
   report.device = resolved.memory->device().str();
   report.threads = resolved.threads;
-  report.search = search;
   report.objective = objective;
   report.capacity_bytes = resolved.memory->capacity_bytes();
   report.usable_bytes = resolved.memory->usable_bytes();
   report.margin = flags.margin;
-  if (!flags.search_only && search.max_batch_size > 0) {
-    const auto grid = sweep_grid(search.max_batch_size);
-    fmt::print(out, "\nsweep: timing {} batch sizes up to {}\n", grid.size(),
-               search.max_batch_size);
-    report.sweep = run_sweep(
-        [&](const TrialOptions& options) {
-          if (progress) fmt::print(stderr, "\r\033[Ksweep: batch {} ...", options.batch_size());
-          const double t0 = monitor.now_s();
-          TrialResult trial = runner.run(options);
-          attach_readings(monitor, device, t0, monitor.now_s(), trial);
-          return trial;
-        },
-        grid, search.trials);
-    if (progress) fmt::print(stderr, "\r\033[K");
-    if (const auto flops = resolved.workload->model().forward_flops_per_sample()) {
-      add_flops(report.sweep, *flops);
-    }
-    if (!report.sweep.empty()) {
-      report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
-      report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
-    }
-    monitor.stop();
-    for (const auto& sample : monitor.samples()) {
-      if (sample.device == device) {
-        report.timeline.push_back({sample.time_s - run_start, sample.utilization_percent});
-      }
-    }
-    report.utilization_note = monitor.sampler().describe();
-    const std::string missing = monitor.sampler().unavailable_reason();
-    if (!missing.empty()) report.utilization_note += "; n/a: " + missing;
-    if (resolved.memory->device().is_cpu()) {
-      report.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
-    }
-    print_sweep(out, report);
-  }
   std::optional<Plan> plan;
-  if (!flags.search_only && report.selection.batch_size > 0) {
-    plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
-                        report.selection.batch_size,
-                        fmt::format("micro-batch {}: {}", report.selection.batch_size,
-                                    report.selection.reason));
-    fmt::print(out, "\n");
-    print_plan(out, *plan);
+  // Every trial as it ends, so that an interruption keeps what was measured.
+  std::vector<TrialResult> measured;
+  std::vector<TrialResult> swept;
+  // A progress line on a terminal only, overwritten in place.
+  const bool progress = isatty(fileno(stderr)) != 0;
+  try {
+    const SearchResult search = search_max_batch(
+        [&](int64_t batch) {
+          throw_if_interrupted();
+          if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
+          return runner.run(TrialOptions()
+                                .batch_size(batch)
+                                .steps(kSearchTimedSteps)
+                                .warmup_steps(kSearchWarmupSteps));
+        },
+        options, steady_clock(),
+        [&](const TrialResult& trial, size_t index) {
+          measured.push_back(trial);
+          if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
+        });
+    if (progress) fmt::print(stderr, "\r\033[K");
+    print_search(out, search);
+    out << std::flush;  // progress for whoever reads a pipe (tee, a test)
+    report.search = search;
+
+    if (!flags.search_only && search.max_batch_size > 0) {
+      const auto grid = sweep_grid(search.max_batch_size);
+      fmt::print(out, "\nsweep: timing {} batch sizes up to {}\n", grid.size(),
+                 search.max_batch_size);
+      out << std::flush;
+      report.sweep = run_sweep(
+          [&](const TrialOptions& options) {
+            throw_if_interrupted();
+            if (progress) fmt::print(stderr, "\r\033[Ksweep: batch {} ...", options.batch_size());
+            const double t0 = monitor.now_s();
+            TrialResult trial = runner.run(options);
+            attach_readings(monitor, device, t0, monitor.now_s(), trial);
+            swept.push_back(trial);
+            return trial;
+          },
+          grid, search.trials);
+      if (progress) fmt::print(stderr, "\r\033[K");
+      if (const auto flops = resolved.workload->model().forward_flops_per_sample()) {
+        add_flops(report.sweep, *flops);
+      }
+      if (!report.sweep.empty()) {
+        report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
+        report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
+      }
+      monitor.stop();
+      for (const auto& sample : monitor.samples()) {
+        if (sample.device == device) {
+          report.timeline.push_back({sample.time_s - run_start, sample.utilization_percent});
+        }
+      }
+      report.utilization_note = monitor.sampler().describe();
+      const std::string missing = monitor.sampler().unavailable_reason();
+      if (!missing.empty()) report.utilization_note += "; n/a: " + missing;
+      if (resolved.memory->device().is_cpu()) {
+        report.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+      }
+      print_sweep(out, report);
+    }
+    if (!flags.search_only && report.selection.batch_size > 0) {
+      plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
+                          report.selection.batch_size,
+                          fmt::format("micro-batch {}: {}", report.selection.batch_size,
+                                      report.selection.reason));
+      fmt::print(out, "\n");
+      print_plan(out, *plan);
+    }
+  } catch (const Interrupted&) {
+    if (progress) fmt::print(stderr, "\r\033[K");
+    keep_partial_results(report, measured, swept, options.strategy());
+    fmt::print(out, "\ninterrupted by {}: writing the {} trial(s) measured so far, marked "
+               "incomplete\n", interrupt_name(), measured.size() + swept.size());
   }
 
   if (!flags.report.empty()) {
     write_file_atomically(flags.report, html_report(report));
     fmt::print(out, "report: {}\n", flags.report);
   }
-  nlohmann::json json = flags.search_only ? to_json(search) : to_json(report);
+  nlohmann::json json = flags.search_only ? to_json(report.search) : to_json(report);
   if (plan) json["plan"] = to_json(*plan);
-  json["complete"] = true;
+  json["complete"] = report.complete;
+  if (!report.complete) json["interrupted_by"] = interrupt_name();
   if (!flags.json.empty()) write_json_output(flags.json, json);
-  return 0;
+  return report.complete ? 0 : interrupt_exit_code();
 }
 
 }  // namespace

@@ -96,6 +96,10 @@ struct TrainSummary {
   double seconds = 0;              ///< training time of this run, evaluation excluded
   double samples_per_s = 0;        ///< samples of this run / seconds
   int64_t resumed_from_step = 0;   ///< 0 for a fresh run
+  /// False when SIGINT or SIGTERM stopped the run early (see interrupt.h):
+  /// the checkpoint, when on, holds the last step; no final evaluation.
+  bool complete = true;
+  std::string interrupted_by;      ///< "SIGINT" or "SIGTERM"; empty when complete
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -127,7 +131,10 @@ class Trainer {
   /// use it to squeeze the memory budget mid-run).
   void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
 
-  /// Trains until the steps or epochs are done. Throws `batchtune::Error`
+  /// Trains until the steps or epochs are done, or until an interrupt is
+  /// requested (`interrupt_requested()`, polled after each optimizer step):
+  /// then it writes the checkpoint and returns a summary marked incomplete.
+  /// Throws `batchtune::Error`
   /// when even micro-batch 1 runs out of memory, or a checkpoint does not
   /// match this run.
   TrainSummary run();

@@ -1,0 +1,120 @@
+// Bad input in files and data, across commands: every case must end with
+// exit code 2, one line that names the input, and nothing written.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "cli_runner.h"
+
+namespace {
+
+using batchtune::testing::run_cli;
+
+std::string dir() { return ::testing::TempDir() + "batchtune_bad_input"; }
+
+void write(const std::string& name, const std::string& content) {
+  std::ofstream(dir() + "/" + name, std::ios::binary) << content;
+}
+
+std::string big_endian(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+/// A folder of Fashion-MNIST files with `images` as the training images.
+void write_idx_dir(const std::string& name, const std::string& images) {
+  const std::string d = dir() + "/" + name;
+  ::mkdir(d.c_str(), 0755);
+  const std::string labels = big_endian(2049) + big_endian(2) + std::string(2, '\1');
+  std::ofstream(d + "/train-images-idx3-ubyte", std::ios::binary) << images;
+  std::ofstream(d + "/train-labels-idx1-ubyte", std::ios::binary) << labels;
+  std::ofstream(d + "/t10k-images-idx3-ubyte", std::ios::binary) << images;
+  std::ofstream(d + "/t10k-labels-idx1-ubyte", std::ios::binary) << labels;
+}
+
+const std::string kPlan =
+    R"("micro_batch_size": 8, "accumulation_steps": 1, "world_size": 1, "global_batch_size": 8,
+       "lr": 0.001, "lr_scaling": "none", "warmup_steps": 0, "amp": "off", "workers": 0,
+       "pin_memory": false, "prefetch": 2)";
+
+class BadInputFiles : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
+ protected:
+  static void SetUpTestSuite() {
+    ::mkdir(dir().c_str(), 0755);
+    write("plan_not_json.json", "{\"micro_batch_size\": 8,");
+    write("plan_array.json", "[1, 2]");
+    write("plan_missing_field.json", R"({"micro_batch_size": 8})");
+    write("plan_wrong_type.json",
+          "{" + std::string(kPlan).replace(kPlan.find("8,"), 2, "\"eight\",") + "}");
+    write("plan_inconsistent.json",
+          "{" + std::string(kPlan).replace(kPlan.find("\"global_batch_size\": 8"), 22,
+                                           "\"global_batch_size\": 9") + "}");
+    write("plan_bad_amp.json", "{" + std::string(kPlan).replace(kPlan.find("\"off\""), 5,
+                                                                "\"fp8\"") + "}");
+    write("spec_not_json.json", "inputs: [3, 8, 8]");
+    write("spec_bad_dtype.json", R"({"inputs": [{"shape": [3, 8, 8], "dtype": "float8"}]})");
+    write("spec_unknown_key.json", R"({"inputs": [{"shape": [3, 8, 8]}], "batch": 4})");
+    write("spec_empty.json", R"({"inputs": []})");
+    write("model_garbage.pt", "this is not a TorchScript archive");
+    write("model_empty.pt", "");
+    const std::string header = big_endian(2051) + big_endian(2) + big_endian(28) + big_endian(28);
+    write_idx_dir("idx_truncated", header + std::string(100, '\0'));
+    write_idx_dir("idx_wrong_magic", big_endian(1234) + std::string(2 * 784 + 12, '\0'));
+    write_idx_dir("idx_empty", "");
+  }
+};
+
+TEST_P(BadInputFiles, ExitTwoWithOneLineNamingTheInputAndWriteNothing) {
+  std::string args = GetParam().first;
+  for (size_t at; (at = args.find("{dir}")) != std::string::npos;) args.replace(at, 5, dir());
+  const std::string json = dir() + "/out.json";
+  std::remove(json.c_str());
+  const auto r = run_cli(args + " --json " + json);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().second), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  struct stat st {};
+  EXPECT_NE(::stat(json.c_str(), &st), 0) << "a failed command wrote " << json;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Files, BadInputFiles,
+    ::testing::Values(
+        std::pair{"plan --plan {dir}/plan_not_json.json", "plan_not_json.json"},
+        std::pair{"plan --plan {dir}/plan_array.json", "plan_array.json"},
+        std::pair{"plan --plan {dir}/plan_missing_field.json", "plan_missing_field.json"},
+        std::pair{"plan --plan {dir}/plan_wrong_type.json", "micro_batch_size"},
+        std::pair{"plan --plan {dir}/plan_inconsistent.json", "global_batch_size"},
+        std::pair{"plan --plan {dir}/plan_bad_amp.json", "amp"},
+        std::pair{"plan --plan {dir}/nonexistent.json", "nonexistent.json"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_not_json.json",
+                  "spec_not_json.json"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_bad_dtype.json", "dtype"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_unknown_key.json", "batch"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_empty.json", "inputs"},
+        std::pair{"probe --batch-size 2 --input 3x8x8 --model {dir}/model_garbage.pt",
+                  "model_garbage.pt"},
+        std::pair{"probe --batch-size 2 --input 3x8x8 --model {dir}/model_empty.pt",
+                  "model_empty.pt"},
+        std::pair{"train --batch-size 2 --data fashion-mnist:{dir}/idx_truncated --device cpu "
+                  "--steps 1 --model mlp --amp off",
+                  "truncated"},
+        std::pair{"train --batch-size 2 --data fashion-mnist:{dir}/idx_wrong_magic --device cpu "
+                  "--steps 1 --model mlp --amp off",
+                  "idx_wrong_magic"},
+        std::pair{"train --batch-size 2 --data fashion-mnist:{dir}/idx_empty --device cpu "
+                  "--steps 1 --model mlp --amp off",
+                  "idx_empty"},
+        std::pair{"train --batch-size 2 --data fashion-mnist:{dir}/no_such_dir --device cpu "
+                  "--steps 1 --model mlp --amp off",
+                  "no_such_dir"},
+        std::pair{"train --batch-size 2 --data imagenet --device cpu --steps 1 --model mlp",
+                  "--data"},
+        std::pair{"train --plan {dir}/plan_missing_field.json --device cpu --steps 1 --model mlp",
+                  "plan_missing_field.json"}));
+
+}  // namespace
