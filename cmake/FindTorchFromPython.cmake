@@ -3,7 +3,7 @@
 # Order: an explicit Torch_DIR or CMAKE_PREFIX_PATH wins (find_package sees it
 # first); then the interpreter named by BATCHTUNE_PYTHON; then the virtual
 # environment scripts/setup creates; then python3 on PATH.
-file(READ "${PROJECT_SOURCE_DIR}/TORCH_VERSION" BATCHTUNE_TORCH_VERSION)
+file(READ "${CMAKE_CURRENT_LIST_DIR}/../TORCH_VERSION" BATCHTUNE_TORCH_VERSION)
 string(STRIP "${BATCHTUNE_TORCH_VERSION}" BATCHTUNE_TORCH_VERSION)
 
 if(NOT DEFINED BATCHTUNE_PYTHON)

@@ -55,7 +55,8 @@ void check_keys(const json& object, const std::string& where,
   if (!object.is_object()) {
     throw Error(fmt::format("{}: expected an object, got {}", where, object.dump()));
   }
-  for (const auto& [key, value] : object.items()) {
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
     if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) ==
         known.end()) {
       throw Error(fmt::format("{}: unknown field '{}'; known fields are {}", where, key,
@@ -329,7 +330,7 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax, and numbers out of range
     std::string message = e.what();
     throw Error(fmt::format("{}: not valid JSON ({})", what, message.substr(message.find(' ') + 1)));
   }

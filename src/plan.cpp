@@ -275,19 +275,23 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   return plan;
 }
 
+Plan parse_plan_json(const std::string& text, const std::string& source) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range
+    std::string what = e.what();
+    throw Error(fmt::format("{}: not valid JSON ({})", source, what.substr(what.find(']') + 2)));
+  }
+  return plan_from_json(json, source);
+}
+
 Plan read_plan_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(fmt::format("--plan {}: cannot open the file", path));
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string what = e.what();
-    throw Error(fmt::format("--plan {}: not valid JSON ({})", path, what.substr(what.find(']') + 2)));
-  }
-  return plan_from_json(json, "--plan " + path);
+  return parse_plan_json(text.str(), "--plan " + path);
 }
 
 }  // namespace batchtune

@@ -119,6 +119,9 @@ nlohmann::json to_json(const Plan& plan);
 /// (as `batchtune tune --json` writes). Every field is checked; a bad one
 /// throws `batchtune::Error` as "`source`: field `name`: what is wrong".
 Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+/// `plan_from_json` over JSON text; text that is not JSON throws
+/// `batchtune::Error` naming `source`.
+Plan parse_plan_json(const std::string& text, const std::string& source);
 /// Reads a plan file; errors name the file and the field.
 Plan read_plan_file(const std::string& path);
 

@@ -83,19 +83,26 @@ at::Tensor parse_idx(std::string_view bytes, const std::string& name) {
                             header, bytes.size()));
   }
   std::vector<int64_t> sizes;
-  size_t elements = 1;
+  // The product of the non-zero dimensions bounds the strides a tensor of
+  // these sizes needs, even when a zero dimension makes it empty.
+  size_t span = 1;
+  bool empty = false;
   for (int d = 0; d < dims; ++d) {
     const uint32_t n = big_endian_u32(bytes, 4 + 4 * static_cast<size_t>(d));
     sizes.push_back(n);
-    // A product above the byte cap cannot match the file: stop before it overflows.
-    elements = n == 0 ? 0 : (elements > kIdxMaxBytes / n ? kIdxMaxBytes + 1 : elements * n);
+    empty = empty || n == 0;
+    if (n > 0 && span > kIdxMaxBytes / n) {
+      throw Error(fmt::format("{}: the header's dimensions describe more than {} bytes, too "
+                              "large for an IDX data set; the file is corrupt",
+                              name, kIdxMaxBytes));
+    }
+    if (n > 0) span *= n;
   }
+  const size_t elements = empty ? 0 : span;
   if (elements != bytes.size() - header) {
     throw Error(fmt::format("{}: {}: the header promises {} bytes of data, the file holds {}",
                             name, elements > bytes.size() - header ? "truncated" : "trailing bytes",
-                            elements > kIdxMaxBytes ? std::string("more than 2^31")
-                                                    : std::to_string(elements),
-                            bytes.size() - header));
+                            elements, bytes.size() - header));
   }
   // The data set lives in host memory: it is not the emulated device's.
   BudgetAllocator::UncountedScope uncounted;
