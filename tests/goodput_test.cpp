@@ -110,6 +110,7 @@ TEST(GoodputCli, TuneMeasuresTheNoiseScaleAndChoosesTheGlobalBatch) {
   ASSERT_TRUE(json.at("noise_scale").is_number()) << json.dump(2);
   EXPECT_GT(json.at("noise_scale").get<double>(), 0);
   EXPECT_EQ(json.at("noise_scale_run").at("measurements"), 20);
+  EXPECT_EQ(json.at("noise_scale_run").at("small_batch"), 8) << "at least 8 where it fits";
   const auto& goodput = json.at("goodput");
   ASSERT_FALSE(goodput.empty());
   const int64_t base = json.at("goodput_base_batch");

@@ -177,6 +177,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                         report.selection.batch_size,
                         fmt::format("micro-batch {}: {}", report.selection.batch_size,
                                     report.selection.reason));
+    if (objective == Objective::kGoodput) explain_goodput_plan(*plan);
     fmt::print(out, "\n");
     print_plan(out, *plan);
   }

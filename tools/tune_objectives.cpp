@@ -101,7 +101,11 @@ void apply_energy(TuneReport& report, const ObjectiveFlags& flags,
 PlanFlags apply_goodput(TuneReport& report, const ObjectiveFlags& flags, const PlanFlags& plan,
                         const CLI::App& app, Workload& workload, DeviceMemory& memory,
                         const Dataset& data, std::ostream& out) {
-  const int64_t micro = std::min(report.selection.batch_size, kNoiseRunMaxMicroBatch);
+  int64_t largest = 0;
+  for (const auto& row : report.sweep) largest = std::max(largest, row.batch_size);
+  const int64_t micro =
+      std::min(std::max(report.selection.batch_size, std::min(kNoiseRunMinMicroBatch, largest)),
+               kNoiseRunMaxMicroBatch);
   fmt::print(out, "\nnoise scale: training {} steps of micro-batch {} x {} on {}\n",
              flags.noise_steps, micro, kNoiseRunAccumulation, data.describe());
   const double lr = app.count("--base-lr") > 0 ? plan.base_lr : workload.options().lr();
@@ -138,6 +142,19 @@ PlanFlags apply_goodput(TuneReport& report, const ObjectiveFlags& flags, const P
   PlanFlags out_flags = plan;
   out_flags.target_batch = choice.chosen.global_batch_size;
   return out_flags;
+}
+
+void explain_goodput_plan(Plan& plan) {
+  for (auto& reason : plan.reasons) {
+    if (reason.rfind("global batch ", 0) != 0) continue;
+    reason = plan.accumulation_steps == 1
+                 ? fmt::format("global batch {}: the goodput choice, the micro-batch itself",
+                               plan.global_batch_size)
+                 : fmt::format("global batch {}: the goodput choice, {} accumulated micro-batches "
+                               "of {}",
+                               plan.global_batch_size, plan.accumulation_steps,
+                               plan.micro_batch_size);
+  }
 }
 
 }  // namespace batchtune::cli

@@ -23,6 +23,10 @@ namespace batchtune::cli {
 /// on the batch sizes it is measured at, only its spread does, and a short
 /// run at a large micro-batch would take minutes on a CPU.
 constexpr int64_t kNoiseRunMaxMicroBatch = 64;
+/// ... and at least this, where it fits: at micro-batches of 1 or 2 a run of
+/// a few dozen steps often left the smoothed |G|² estimate negative
+/// (Fashion-MNIST, mlp, 20 steps of 2 x 4), so no noise scale at all.
+constexpr int64_t kNoiseRunMinMicroBatch = 8;
 
 struct ObjectiveFlags {
   std::string data = "synthetic";
@@ -57,5 +61,9 @@ void apply_energy(TuneReport& report, const ObjectiveFlags& flags,
 PlanFlags apply_goodput(TuneReport& report, const ObjectiveFlags& flags, const PlanFlags& plan,
                         const CLI::App& app, Workload& workload, DeviceMemory& memory,
                         const Dataset& data, std::ostream& out);
+
+/// The plan's global-batch reason for a goodput choice (the plan's own
+/// reason speaks of a `--target-batch` the user did not give).
+void explain_goodput_plan(Plan& plan);
 
 }  // namespace batchtune::cli
