@@ -65,15 +65,27 @@ bool timed_well_enough(const TrialResult& trial) {
 Objective parse_objective(const std::string& name) {
   if (name == "throughput") return Objective::kThroughput;
   if (name == "max-fit") return Objective::kMaxFit;
-  throw Error(fmt::format("--objective: unknown objective '{}'; use throughput or max-fit", name));
+  if (name == "goodput") return Objective::kGoodput;
+  if (name == "energy") return Objective::kEnergy;
+  throw Error(fmt::format(
+      "--objective: unknown objective '{}'; use throughput, max-fit, goodput or energy", name));
 }
 
 std::string to_string(Objective objective) {
-  return objective == Objective::kThroughput ? "throughput" : "max-fit";
+  switch (objective) {
+    case Objective::kThroughput: return "throughput";
+    case Objective::kMaxFit: return "max-fit";
+    case Objective::kGoodput: return "goodput";
+    case Objective::kEnergy: return "energy";
+  }
+  return "throughput";
 }
 
 Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, double tolerance) {
   TORCH_CHECK(!rows.empty(), "select_batch: no sweep rows");
+  TORCH_CHECK(objective == Objective::kThroughput || objective == Objective::kMaxFit,
+              "select_batch: ", to_string(objective),
+              " is chosen by select_goodput / select_energy");
   if (!(tolerance >= 0 && tolerance < 1)) {
     throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}", tolerance));
   }

@@ -34,6 +34,7 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"world_size", s.world_size},
       {"seconds", s.seconds},
       {"samples_per_s", s.samples_per_s},
+      {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
   };
@@ -51,11 +52,12 @@ void print_plan(std::ostream& out, const Plan& p) {
 std::string TrainConsoleReporter::log_line(const TrainEvent& e) {
   return fmt::format(
       "step {}/{}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  busy {:.0f} %  util {}  "
-      "mem {} / peak {} / {}",
+      "mem {} / peak {} / {}  noise scale {}",
       e.step, e.total_steps, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.busy_fraction * 100,
       e.utilization ? fmt::format("{:.0f} %", *e.utilization * 100) : std::string("n/a"),
       format_bytes(e.memory_used_bytes), format_bytes(e.memory_peak_bytes),
-      format_bytes(e.memory_capacity_bytes));
+      format_bytes(e.memory_capacity_bytes),
+      e.noise_scale ? fmt::format("{:.0f}", *e.noise_scale) : std::string("n/a"));
 }
 
 std::string TrainConsoleReporter::progress_bar(const TrainEvent& e) {
@@ -106,10 +108,12 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
   clear_bar();
   out_ << fmt::format(
       "trained {} steps ({:.2f} epochs, {} samples) in {:.1f} s: {:.0f} samples/s; final loss "
-      "{:.4f}; test accuracy {}; {} out-of-memory recoveries; micro-batch {} x {} = {}\n",
+      "{:.4f}; test accuracy {}; {} out-of-memory recoveries; micro-batch {} x {} = {}; "
+      "gradient noise scale {}\n",
       s.steps, s.epochs, s.samples, s.seconds, s.samples_per_s, s.final_loss,
       s.test_accuracy ? fmt::format("{:.2f} %", *s.test_accuracy * 100) : std::string("n/a"),
-      s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size);
+      s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size,
+      s.noise_scale ? fmt::format("{:.0f}", *s.noise_scale) : std::string("n/a"));
   if (!s.complete) {
     out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
                         s.interrupted_by, s.steps);

@@ -182,6 +182,7 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   } else if (last_loss_tensor_.defined()) {
     e.loss = last_loss_tensor_.item<double>();
   }
+  if (kind == TrainEvent::Kind::kLog) e.noise_scale = noise_.noise_scale();
   if (utilization_ && (kind == TrainEvent::Kind::kLog || kind == TrainEvent::Kind::kProgress)) {
     e.utilization = utilization_();
   }
@@ -194,9 +195,18 @@ void Trainer::train_step(const std::vector<int64_t>& indices) {
   for (;;) {
     optimizer.zero_grad(/*set_to_none=*/true);
     try {
+      const int64_t noise_batch =
+          options_.measure_noise_scale()
+              ? NoiseScaleTracker::small_batch(step_, plan_.global_batch_size, plan_.micro_batch_size)
+              : 0;
       last_loss_tensor_ =
-          accumulate_gradients(workload_, train_, indices, plan_.micro_batch_size, plan_.amp,
-                               scaler_, device, &data_seconds_);
+          noise_batch > 0
+              ? accumulate_gradients_measuring_noise(workload_, train_, indices,
+                                                     plan_.micro_batch_size, noise_batch,
+                                                     plan_.amp, scaler_, device, noise_,
+                                                     &data_seconds_)
+              : accumulate_gradients(workload_, train_, indices, plan_.micro_batch_size,
+                                     plan_.amp, scaler_, device, &data_seconds_);
       break;
     } catch (const c10::OutOfMemoryError& e) {
       // Free what the failed step held, then retry the same samples in
@@ -363,6 +373,7 @@ TrainSummary Trainer::run() {
   s.resumed_from_step = resumed_from_step_;
   s.complete = complete;
   if (!complete) s.interrupted_by = interrupt_name();
+  s.noise_scale = noise_.noise_scale();
   return s;
 }
 

@@ -58,7 +58,61 @@ nlohmann::json to_json(const TuneReport& report) {
   out["utilization_note"] =
       report.utilization_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(report.utilization_note);
   out["complete"] = report.complete;
+  out["energy_note"] = report.energy_note.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(report.energy_note);
+  out["noise_scale"] = report.noise ? optional_json(report.noise->noise_scale) : nlohmann::json();
+  if (report.noise) {
+    const NoiseScaleMeasurement& n = *report.noise;
+    out["noise_scale_run"] = {{"data", report.noise_data},
+                              {"small_batch", n.small_batch},
+                              {"big_batch", n.big_batch},
+                              {"steps", n.steps},
+                              {"measurements", n.measurements},
+                              {"seconds", n.seconds},
+                              {"gradient_sq_norm", optional_json(n.gradient_sq_norm)},
+                              {"trace_covariance", optional_json(n.trace_covariance)},
+                              {"note", n.note.empty() ? nlohmann::json() : nlohmann::json(n.note)}};
+  }
+  nlohmann::json goodput = nlohmann::json::array();
+  for (const auto& c : report.goodput) {
+    goodput.push_back({{"global_batch_size", c.global_batch_size},
+                       {"micro_batch_size", c.micro_batch_size},
+                       {"accumulation_steps", c.accumulation_steps},
+                       {"samples_per_s", c.samples_per_s},
+                       {"efficiency", c.efficiency},
+                       {"goodput", c.goodput}});
+  }
+  out["goodput"] = goodput;
+  if (report.goodput_base_batch > 0) out["goodput_base_batch"] = report.goodput_base_batch;
+  if (report.goodput_choice) {
+    out["goodput_global_batch_size"] = report.goodput_choice->global_batch_size;
+  }
+  if (report.objective == Objective::kEnergy) {
+    out["eta"] = report.eta;
+    nlohmann::json costs = nlohmann::json::array();
+    for (const auto& c : report.energy_costs) {
+      costs.push_back({{"batch_size", c.batch_size},
+                       {"joules_per_sample", c.joules_per_sample},
+                       {"seconds_per_sample", c.seconds_per_sample},
+                       {"watts", c.watts},
+                       {"cost", c.cost}});
+    }
+    out["energy_cost"] = costs;
+  }
   return out;
+}
+
+void print_goodput(std::ostream& out, const TuneReport& report) {
+  fmt::print(out, "\n  {:>8}  {:>8}  {:>6}  {:>12}  {:>10}  {:>12}\n", "global", "micro", "accum",
+             "samples/s", "efficiency", "goodput");
+  for (const auto& c : report.goodput) {
+    const bool chosen =
+        report.goodput_choice && c.global_batch_size == report.goodput_choice->global_batch_size;
+    fmt::print(out, "{} {:>8}  {:>8}  {:>6}  {:>12.1f}  {:>10.3f}  {:>12.1f}\n",
+               chosen ? ">" : " ", c.global_batch_size, c.micro_batch_size, c.accumulation_steps,
+               c.samples_per_s, c.efficiency, c.goodput);
+  }
+  if (!report.selection.reason.empty()) fmt::print(out, "{}\n", report.selection.reason);
 }
 
 void print_sweep(std::ostream& out, const TuneReport& report) {
@@ -75,6 +129,7 @@ void print_sweep(std::ostream& out, const TuneReport& report) {
   if (!report.utilization_note.empty()) {
     fmt::print(out, "util: {}\n", report.utilization_note);
   }
+  if (!report.energy_note.empty()) fmt::print(out, "energy: {}\n", report.energy_note);
   if (report.selection.batch_size > 0) {
     fmt::print(out, "\nchosen batch size {}: {}\n", report.selection.batch_size,
                report.selection.reason);
@@ -106,6 +161,49 @@ std::string html_report(const TuneReport& report) {
   if (!trials.points.empty()) memory.series.push_back(trials);
   memory.limit = {static_cast<double>(report.capacity_bytes),
                   fmt::format("capacity {}", format_bytes(report.capacity_bytes))};
+
+  std::string energy_html;
+  SvgChart energy{"Energy per sample against batch size", "batch size", "J/sample", true, {}, {}, {}};
+  SvgSeries joules{"J/sample", "#d35400", {}};
+  for (const auto& r : report.sweep) {
+    if (!r.energy_j_per_sample) continue;
+    joules.points.emplace_back(static_cast<double>(r.batch_size), *r.energy_j_per_sample);
+    if (r.batch_size == report.selection.batch_size) {
+      energy.marker = {{static_cast<double>(r.batch_size), *r.energy_j_per_sample},
+                       fmt::format("chosen: {}", r.batch_size)};
+    }
+  }
+  if (!joules.points.empty()) {
+    energy.series.push_back(joules);
+    energy_html = render_svg(energy);
+  }
+  if (!report.energy_note.empty()) {
+    energy_html += fmt::format("<p class='note'>{}.</p>", html_escape(report.energy_note));
+  }
+  std::string goodput_html;
+  if (!report.goodput.empty()) {
+    goodput_html = fmt::format(
+        "<h2>Goodput</h2><p>{}</p><table><tr><th>global batch</th><th>micro-batch</th>"
+        "<th>accumulation</th><th>samples/s</th><th>efficiency</th><th>goodput</th></tr>\n",
+        html_escape(report.noise && report.noise->noise_scale
+                        ? fmt::format("Gradient noise scale {:.1f}, measured in {} steps of "
+                                      "batch {} against {} on {}; base batch {}.",
+                                      *report.noise->noise_scale, report.noise->steps,
+                                      report.noise->small_batch, report.noise->big_batch,
+                                      report.noise_data, report.goodput_base_batch)
+                        : "Gradient noise scale not measured: " +
+                              (report.noise ? report.noise->note : std::string("no run"))));
+    for (const auto& c : report.goodput) {
+      const bool chosen = report.goodput_choice &&
+                          c.global_batch_size == report.goodput_choice->global_batch_size;
+      goodput_html += fmt::format(
+          "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.3f}</td><td>{:.1f}</td>"
+          "</tr>\n",
+          chosen ? " class='chosen'" : "", c.global_batch_size, c.micro_batch_size,
+          c.accumulation_steps, c.samples_per_s, c.efficiency, c.goodput);
+    }
+    goodput_html += "</table>";
+  }
 
   std::string utilization_html;
   SvgChart util{"Device utilization over the run", "seconds", "utilization %", false, {}, {}, {}};
@@ -148,8 +246,9 @@ tr.chosen {{ background: #fdebd0; font-weight: bold; }}
 <p class="note">{threads} CPU thread(s); capacity {capacity}, usable {usable} ({margin:.0f} % margin); {complete}</p>
 <div class="verdict"><p><b>Chosen batch size: {chosen}</b> — {reason}</p><p>{diagnosis}</p>
 <p>Largest batch that fits: {max} ({stop}; {trials} trials, {steps} steps, {seconds:.1f} s).</p></div>
-<div class="charts">{speed}{memory}</div>
+<div class="charts">{speed}{memory}{energy}</div>
 {util}
+{goodput}
 <table><tr><th>batch</th><th>samples/s</th><th>step ms</th><th>busy</th><th>util</th><th>peak memory</th><th>J/sample</th></tr>
 {rows}</table>
 </body></html>
@@ -169,7 +268,8 @@ tr.chosen {{ background: #fdebd0; font-weight: bold; }}
                      fmt::arg("steps", report.search.steps),
                      fmt::arg("seconds", report.search.seconds),
                      fmt::arg("speed", render_svg(speed)), fmt::arg("memory", render_svg(memory)),
-                     fmt::arg("util", utilization_html), fmt::arg("rows", rows));
+                     fmt::arg("util", utilization_html), fmt::arg("rows", rows),
+                     fmt::arg("energy", energy_html), fmt::arg("goodput", goodput_html));
 }
 
 }  // namespace batchtune

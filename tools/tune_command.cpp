@@ -8,6 +8,7 @@
 #include <map>
 
 #include "batchtune/console_reporter.h"
+#include "batchtune/energy.h"
 #include "batchtune/error.h"
 #include "batchtune/interrupt.h"
 #include "batchtune/json_reporter.h"
@@ -21,6 +22,7 @@
 #include "batchtune/train_reporter.h"
 #include "commands.h"
 #include "plan_flags.h"
+#include "tune_objectives.h"
 #include "workload_flags.h"
 
 namespace batchtune::cli {
@@ -36,12 +38,9 @@ void attach_readings(const Monitor& monitor, const std::string& device, double t
   for (const auto& s : monitor.summarize(t0, t1)) {
     if (s.device != device) continue;
     trial.utilization = s.mean_utilization_percent;
-    if (s.energy_joules && t1 > t0) {
-      // The counter covers warm-up too: keep the timed steps' share.
-      double timed = 0;
-      for (double seconds : trial.step_seconds) timed += seconds;
-      trial.energy_joules = *s.energy_joules * std::min(1.0, timed / (t1 - t0));
-    }
+    double timed = 0;
+    for (double seconds : trial.step_seconds) timed += seconds;
+    trial.energy_joules = trial_energy_joules(s, timed, t1 - t0);
   }
 }
 
@@ -87,6 +86,7 @@ struct TuneFlags {
   std::string json;
   std::string report;
   PlanFlags plan;
+  ObjectiveFlags objectives;
 };
 
 int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
@@ -109,14 +109,20 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!flags.report.empty() && flags.search_only) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
+  check_objective_flags(flags.objectives, objective, cmd);
   // Ctrl-C or SIGTERM stops after the current trial; what was measured is
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;
-  ResolvedWorkload resolved = resolve_workload(flags.workload);
+  WorkloadFlags workload_flags = flags.workload;
+  const DataSplits data = objective == Objective::kGoodput || cmd.count("--data") > 0
+                              ? open_tune_data(flags.objectives, workload_flags)
+                              : DataSplits{};
+  ResolvedWorkload resolved = resolve_workload(workload_flags);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const std::string device = resolved.memory->device().str();
   Monitor monitor(make_sampler(resolved.memory->device()),
                   MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
+  check_energy_readable(objective, monitor.sampler().unavailable_reason());
   const double run_start = monitor.now_s();
   const bool to_stdout = flags.json == "-";
   std::ostream& out = to_stdout ? std::cerr : std::cout;
@@ -180,7 +186,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
         add_flops(report.sweep, *flops);
       }
       if (!report.sweep.empty()) {
-        report.selection = select_batch(report.sweep, report.objective, flags.tolerance);
+        const bool plain = objective == Objective::kThroughput || objective == Objective::kMaxFit;
+        report.selection = select_batch(report.sweep, plain ? objective : Objective::kThroughput,
+                                        flags.tolerance);
+        apply_energy(report, flags.objectives, monitor.sampler().unavailable_reason());
         report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
       }
       monitor.stop();
@@ -197,11 +206,18 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       }
       print_sweep(out, report);
     }
+    PlanFlags plan_flags = flags.plan;
+    if (objective == Objective::kGoodput && report.selection.batch_size > 0) {
+      if (!data.train) throw Error("--objective goodput: needs float inputs to train on; use --data");
+      plan_flags = apply_goodput(report, flags.objectives, flags.plan, cmd, *resolved.workload,
+                                 *resolved.memory, *data.train, out);
+    }
     if (!flags.search_only && report.selection.batch_size > 0) {
-      plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
+      plan = resolve_plan(plan_flags, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
                           report.selection.batch_size,
                           fmt::format("micro-batch {}: {}", report.selection.batch_size,
                                       report.selection.reason));
+      if (objective == Objective::kGoodput) explain_goodput_plan(*plan);
       fmt::print(out, "\n");
       print_plan(out, *plan);
     }
@@ -246,7 +262,9 @@ CommandRun add_tune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--search-only", flags->search_only, "only search the largest batch that fits");
   cmd->add_option("--objective", flags->objective,
-                  "throughput (smallest batch within --tolerance of the fastest) or max-fit")
+                  "throughput (smallest batch within --tolerance of the fastest), max-fit, "
+                  "goodput (throughput x statistical efficiency, from the gradient noise scale) "
+                  "or energy (Zeus cost, see --eta)")
       ->capture_default_str();
   cmd->add_option("--tolerance", flags->tolerance,
                   "share of the best throughput within which the smallest batch is chosen")
@@ -255,6 +273,7 @@ CommandRun add_tune_command(CLI::App& app) {
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   // The plan's flags; tune itself finds the micro-batch (see run_tune).
   add_plan_flags(*cmd, flags->plan);
+  add_objective_flags(*cmd, flags->objectives);
   return [flags, cmd] { return run_tune(*flags, *cmd); };
 }
 

@@ -66,9 +66,12 @@ int64_t steps_needed(const TrialResult& trial);
 /// sweep row.
 bool timed_well_enough(const TrialResult& trial);
 
-/// What the sweep chooses for.
-enum class Objective { kThroughput, kMaxFit };
-/// `throughput` or `max-fit`; throws `batchtune::Error`.
+/// What the sweep chooses for. `kGoodput` (throughput × statistical
+/// efficiency, see goodput.h) and `kEnergy` (the Zeus cost, see energy.h)
+/// need more than the rows and are chosen by `select_goodput` and
+/// `select_energy`.
+enum class Objective { kThroughput, kMaxFit, kGoodput, kEnergy };
+/// `throughput`, `max-fit`, `goodput` or `energy`; throws `batchtune::Error`.
 Objective parse_objective(const std::string& name);
 std::string to_string(Objective objective);
 
@@ -79,7 +82,8 @@ struct Selection {
 };
 
 /// `throughput`: the smallest batch whose throughput is within `tolerance` of
-/// the best measured. `max-fit`: the largest row. Rows must not be empty.
+/// the best measured. `max-fit`: the largest row. Rows must not be empty;
+/// the objective one of those two.
 Selection select_batch(const std::vector<SweepRow>& rows, Objective objective,
                        double tolerance = kDefaultThroughputTolerance);
 

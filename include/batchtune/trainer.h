@@ -11,6 +11,7 @@
 #include "batchtune/amp.h"
 #include "batchtune/dataset.h"
 #include "batchtune/loss_scaler.h"
+#include "batchtune/noise_scale.h"
 #include "batchtune/plan.h"
 
 namespace batchtune {
@@ -40,6 +41,8 @@ struct TrainOptions {
   TORCH_ARG(bool, resume) = false;
   /// Test-set evaluation batch; 0 for the micro-batch.
   TORCH_ARG(int64_t, eval_batch_size) = 0;
+  /// Measure the gradient noise scale (see `NoiseScaleTracker::small_batch`).
+  TORCH_ARG(bool, measure_noise_scale) = true;
 };
 
 /// What the training loop reports as it goes. Plain data: a console
@@ -72,6 +75,8 @@ struct TrainEvent {
   /// Device utilization from the monitor hook; nullopt without one.
   std::optional<double> utilization;
   std::optional<double> test_accuracy;
+  /// Gradient noise scale B_simple (log events); nullopt when not measured.
+  std::optional<double> noise_scale;
   std::string message;
 };
 
@@ -100,6 +105,7 @@ struct TrainSummary {
   /// the checkpoint, when on, holds the last step; no final evaluation.
   bool complete = true;
   std::string interrupted_by;      ///< "SIGINT" or "SIGTERM"; empty when complete
+  std::optional<double> noise_scale;  ///< B_simple at the end; nullopt when not measured
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -144,6 +150,9 @@ class Trainer {
   LossScaler& scaler() { return scaler_; }
   /// Optimizer steps in one epoch (the last partial logical batch dropped).
   int64_t steps_per_epoch() const;
+  /// The gradient noise scale as measured so far; data parallelism adds the
+  /// local against the all-reduced gradient to its `estimator()`.
+  NoiseScaleTracker& noise_scale() { return noise_; }
 
  private:
   void train_step(const std::vector<int64_t>& indices);
@@ -164,6 +173,7 @@ class Trainer {
   TrainCallback callback_;
   UtilizationSource utilization_;
   std::function<void(int64_t)> before_step_;
+  NoiseScaleTracker noise_;
 
   // Position: optimizer steps done, the epoch and logical batch within it.
   int64_t step_ = 0;

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/energy.h"
+#include "batchtune/goodput.h"
+#include "batchtune/noise_scale.h"
 #include "batchtune/search.h"
 #include "batchtune/sweep.h"
 
@@ -38,16 +41,34 @@ struct TuneReport {
   std::string utilization_note;
   /// False while the run was interrupted before it finished.
   bool complete = true;
+  /// `--objective goodput`: the noise-scale run, on what data, the base
+  /// batch B0 of the efficiency, every candidate global batch and the choice.
+  std::optional<NoiseScaleMeasurement> noise;
+  std::string noise_data;
+  int64_t goodput_base_batch = 0;
+  std::vector<GoodputCandidate> goodput;
+  std::optional<GoodputCandidate> goodput_choice;
+  /// "energy per sample unavailable, because …" where a row has no energy
+  /// reading; empty when every row has one.
+  std::string energy_note;
+  /// `--objective energy`: η and the Zeus cost of each row with a reading.
+  double eta = kDefaultEta;
+  std::vector<EnergyCost> energy_costs;
 };
 
 /// The JSON of `batchtune tune --json`: the search's fields (`max_batch_size`,
 /// `search`, `trials`) and `sweep`, `chosen_batch_size`, `objective`,
-/// `diagnosis`, `complete`.
+/// `diagnosis`, `complete`, `energy_note`; with `--objective goodput`
+/// `noise_scale`, `noise_scale_run` and `goodput`; with `energy`, `eta` and
+/// `energy_cost`.
 nlohmann::json to_json(const TuneReport& report);
 
 /// The sweep as a console table, the chosen row marked, then the reason and
 /// the diagnosis.
 void print_sweep(std::ostream& out, const TuneReport& report);
+
+/// The goodput candidates as a console table, the chosen one marked.
+void print_goodput(std::ostream& out, const TuneReport& report);
 
 /// One self-contained HTML page (inline SVG, no scripts): throughput and
 /// memory against batch size with the capacity and the chosen point, and
