@@ -18,6 +18,8 @@
 #include "batchtune/plan.h"
 #include "batchtune/train_reporter.h"
 #include "commands.h"
+#include "batchtune/data_parallel.h"
+#include "distributed_flags.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
 
@@ -61,6 +63,7 @@ struct TuneFlags {
   std::string json;
   std::string report;
   PlanFlags plan;
+  DistributedFlags distributed;
 };
 
 int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
@@ -83,21 +86,26 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!flags.report.empty() && flags.search_only) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
-  ResolvedWorkload resolved = resolve_workload(flags.workload);
+  WorkloadFlags workload_flags = flags.workload;
+  const RankEnvironment env = place_rank(flags.distributed, workload_flags);
+  ResolvedWorkload resolved = resolve_workload(workload_flags);
+  // Data parallel: every rank probes its own device; rank 0 alone prints.
+  Job job = join_job(flags.distributed, env, resolved.memory->device());
+  DataParallel data_parallel(job.communicator.get());
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const std::string device = resolved.memory->device().str();
   Monitor monitor(make_sampler(resolved.memory->device()),
                   MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
   const double run_start = monitor.now_s();
   const bool to_stdout = flags.json == "-";
-  std::ostream& out = to_stdout ? std::cerr : std::cout;
+  std::ostream& out = !job.primary() ? null_stream() : to_stdout ? std::cerr : std::cout;
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
              resolved.workload->model().describe(), resolved.memory->device().str(),
              resolved.threads, to_string(options.strategy()));
 
   // A progress line on a terminal only, overwritten in place.
-  const bool progress = isatty(fileno(stderr)) != 0;
-  const SearchResult search = search_max_batch(
+  const bool progress = job.primary() && isatty(fileno(stderr)) != 0;
+  SearchResult search = search_max_batch(
       [&](int64_t batch) {
         if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
         return runner.run(TrialOptions()
@@ -110,6 +118,15 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
         if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
       });
   if (progress) fmt::print(stderr, "\r\033[K");
+  if (env.distributed()) {
+    // The job's largest micro-batch is the smallest rank's: each rank
+    // searched alone (no collective inside a trial, so an out-of-memory
+    // never leaves a rank waiting), and the minimum counts every one.
+    const int64_t own = search.max_batch_size;
+    search.max_batch_size = data_parallel.min(own);
+    fmt::print(out, "rank 0 of {}: largest batch {} here, {} for the job (the smallest rank's)\n",
+               env.world_size, own, search.max_batch_size);
+  }
   print_search(out, search);
 
   TuneReport report;
@@ -158,14 +175,18 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   }
   std::optional<Plan> plan;
   if (!flags.search_only && report.selection.batch_size > 0) {
-    plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
-                        report.selection.batch_size,
-                        fmt::format("micro-batch {}: {}", report.selection.batch_size,
-                                    report.selection.reason));
+    PlanFlags plan_flags = flags.plan;
+    plan_flags.world_size = env.world_size;
+    plan = data_parallel.agree_plan(
+        resolve_plan(plan_flags, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
+                     report.selection.batch_size,
+                     fmt::format("micro-batch {}: {}", report.selection.batch_size,
+                                 report.selection.reason)));
     fmt::print(out, "\n");
     print_plan(out, *plan);
   }
 
+  if (!job.primary()) return 0;  // one job, one result
   if (!flags.report.empty()) {
     write_file_atomically(flags.report, html_report(report));
     fmt::print(out, "report: {}\n", flags.report);
@@ -208,6 +229,7 @@ CommandRun add_tune_command(CLI::App& app) {
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   // The plan's flags; tune itself finds the micro-batch (see run_tune).
   add_plan_flags(*cmd, flags->plan);
+  add_distributed_flags(*cmd, flags->distributed);
   return [flags, cmd] { return run_tune(*flags, *cmd); };
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/amp.h"
+#include "batchtune/data_parallel.h"
 #include "batchtune/dataset.h"
 #include "batchtune/loss_scaler.h"
 #include "batchtune/plan.h"
@@ -127,6 +128,11 @@ class Trainer {
   /// use it to squeeze the memory budget mid-run).
   void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
 
+  /// Trains data-parallel with the other ranks of `communicator` (which
+  /// must outlive the run); the plan's world_size must be its world size.
+  void set_communicator(Communicator* communicator) { data_parallel_ = DataParallel(communicator); }
+  const DataParallel& data_parallel() const { return data_parallel_; }
+
   /// Trains until the steps or epochs are done. Throws `batchtune::Error`
   /// when even micro-batch 1 runs out of memory, or a checkpoint does not
   /// match this run.
@@ -157,6 +163,7 @@ class Trainer {
   TrainCallback callback_;
   UtilizationSource utilization_;
   std::function<void(int64_t)> before_step_;
+  DataParallel data_parallel_;
 
   // Position: optimizer steps done, the epoch and logical batch within it.
   int64_t step_ = 0;
