@@ -211,28 +211,27 @@ void Trainer::train_step(const std::vector<int64_t>& indices) {
       last_loss_tensor_ = outcome.loss;
       break;
     }
-    {
-      if (oom_message.empty()) {
-        oom_message = "another rank ran out of memory";
-        last_loss_tensor_ = at::Tensor();
-        optimizer.zero_grad(/*set_to_none=*/true);
-      }
-      if (plan_.micro_batch_size == 1) {
-        throw Error(fmt::format(
-            "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
-            "fit in {} — use a larger --memory-limit or a smaller model",
-            step_ + 1, oom_message, format_bytes(memory_.usable_bytes())));
-      }
-      const int64_t before = plan_.micro_batch_size;
-      plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
-      plan_.accumulation_steps = ceil_div(static_cast<int64_t>(shard.size()), plan_.micro_batch_size);
-      ++oom_recoveries_;
-      emit(TrainEvent::Kind::kOomRecovery,
-           fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
-                       "as {} micro-batches of {}",
-                       before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
-                       plan_.micro_batch_size));
+    if (oom_message.empty()) {  // this rank fitted; another did not
+      oom_message = "another rank ran out of memory";
+      last_loss_tensor_ = at::Tensor();
+      optimizer.zero_grad(/*set_to_none=*/true);
     }
+    if (plan_.micro_batch_size == 1) {
+      throw Error(fmt::format(
+          "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
+          "fit in {} — use a larger --memory-limit or a smaller model",
+          step_ + 1, oom_message, format_bytes(memory_.usable_bytes())));
+    }
+    const int64_t before = plan_.micro_batch_size;
+    plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
+    plan_.accumulation_steps =
+        ceil_div(static_cast<int64_t>(shard.size()), plan_.micro_batch_size);
+    ++oom_recoveries_;
+    emit(TrainEvent::Kind::kOomRecovery,
+         fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
+                     "as {} micro-batches of {}",
+                     before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
+                     plan_.micro_batch_size));
   }
   data_parallel_.average_gradients(workload_.model().parameters());
   set_learning_rate(optimizer, scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
