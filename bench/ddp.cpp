@@ -5,6 +5,8 @@
 // averaging gradients (Gloo all-reduce, with flattening and copy-back).
 //
 //   build/bench/ddp [--models convnet,resnet18] [--batch 32] [--steps 12] [--repeats 3]
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -34,7 +36,10 @@ const std::vector<int64_t> kInput{3, 64, 64};
 /// One rank's run: writes "samples_per_s comm_s_per_step" to BENCH_OUT (rank 0).
 int run_rank(const std::string& model, int64_t batch, int64_t steps) {
   const RankEnvironment env = rank_environment();
-  const int threads = std::max(1, available_cores() / static_cast<int>(env.local_world_size));
+  const char* forced = std::getenv("BENCH_THREADS");
+  const int threads = forced != nullptr
+                          ? std::atoi(forced)
+                          : std::max(1, available_cores() / static_cast<int>(env.local_world_size));
   configure_threads(threads);
   auto comm = make_communicator(env, c10::Device(c10::kCPU), std::chrono::seconds(120));
   auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{8} << 30);
@@ -70,10 +75,14 @@ struct Figures {
   int threads = 0;
 };
 
-Figures run_job(const std::string& model, int64_t nproc, int64_t batch, int64_t steps) {
+Figures run_job(const std::string& model, int64_t nproc, int64_t batch, int64_t steps,
+                int threads = 0) {
   const std::string out = fmt::format("/tmp/batchtune_bench_ddp_{}.txt", ::getpid());
   std::vector<std::vector<std::string>> env(static_cast<size_t>(nproc),
                                             {"BENCH_OUT=" + out, "BENCH_RANK=1"});
+  if (threads > 0) {
+    for (auto& e : env) e.push_back("BENCH_THREADS=" + std::to_string(threads));
+  }
   std::ostringstream log;
   const auto result = launch(LaunchOptions().nproc(nproc).args(
                                  {"--model", model, "--batch", std::to_string(batch), "--steps",
@@ -118,29 +127,36 @@ int main(int argc, char** argv) {
   if (std::getenv("BENCH_RANK") != nullptr) return run_rank(model, batch, steps);
 
   fmt::print("| model | global batch | processes x threads | samples/s (median of {}) | "
-             "vs 1 process | all-reduce ms/step | share of step |\n",
+             "vs 1 x all cores | vs 1 x 1 | gradient all-reduce ms/step | share of step |\n",
              repeats);
-  fmt::print("|---|---:|---|---:|---:|---:|---:|\n");
+  fmt::print("|---|---:|---|---:|---:|---:|---:|---:|\n");
   std::stringstream list(models);
   for (std::string m; std::getline(list, m, ',');) {
-    std::vector<double> one, many, comm, step, ratio;
-    int threads_one = 0, threads_many = 0;
+    // Within each repeat: one process with all the cores' threads, one
+    // process with 1 thread, then the ranks; ratios are taken per repeat.
+    std::vector<double> all, single, many, comm, step, ratio_all, ratio_single;
+    int threads_all = 0, threads_many = 0;
     for (int r = 0; r < repeats; ++r) {
       const Figures a = run_job(m, 1, batch, steps);
+      const Figures s1 = run_job(m, 1, batch, steps, 1);
       const Figures b = run_job(m, nproc, batch, steps);
-      one.push_back(a.samples_per_s);
+      all.push_back(a.samples_per_s);
+      single.push_back(s1.samples_per_s);
       many.push_back(b.samples_per_s);
-      ratio.push_back(b.samples_per_s / a.samples_per_s);
+      ratio_all.push_back(b.samples_per_s / a.samples_per_s);
+      ratio_single.push_back(b.samples_per_s / s1.samples_per_s);
       comm.push_back(b.comm_s_per_step);
       step.push_back(b.step_s);
-      threads_one = a.threads;
+      threads_all = a.threads;
       threads_many = b.threads;
     }
-    fmt::print("| {} 3x64x64 | {} | 1 x {} | {:.1f} | 1.00 | 0 | 0 % |\n", m, batch, threads_one,
-               median(one));
-    fmt::print("| {} 3x64x64 | {} | {} x {} | {:.1f} | {:.2f} | {:.1f} | {:.0f} % |\n", m, batch,
-               nproc, threads_many, median(many), median(ratio), median(comm) * 1e3,
-               100 * median(comm) / median(step));
+    fmt::print("| {} 3x64x64 | {} | 1 x {} | {:.1f} | 1.00 | | 0 | 0 % |\n", m, batch, threads_all,
+               median(all));
+    fmt::print("| {} 3x64x64 | {} | 1 x 1 | {:.1f} | | 1.00 | 0 | 0 % |\n", m, batch,
+               median(single));
+    fmt::print("| {} 3x64x64 | {} | {} x {} | {:.1f} | {:.2f} | {:.2f} | {:.1f} | {:.0f} % |\n", m,
+               batch, nproc, threads_many, median(many), median(ratio_all),
+               median(ratio_single), median(comm) * 1e3, 100 * median(comm) / median(step));
   }
   return 0;
 }
