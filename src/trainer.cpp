@@ -103,11 +103,6 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
       test_(test),
       options_(std::move(options)),
       scaler_(LossScalerOptions().enabled(plan_.amp == AmpMode::kFp16), memory.device()) {
-  if (plan_.world_size != 1) {
-    throw Error(fmt::format("--plan: world_size {} needs distributed training, which this "
-                            "build does not run yet; use a plan with world_size 1",
-                            plan_.world_size));
-  }
   if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
   if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
     throw Error(fmt::format("--epochs/--steps: need a positive number of epochs or steps, got "
@@ -192,46 +187,62 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
 void Trainer::train_step(const std::vector<int64_t>& indices) {
   auto& optimizer = workload_.optimizer();
   const c10::Device device = memory_.device();
+  // Data parallel: this rank's shard of the logical batch; the ranks agree
+  // on an out-of-memory, so that all shrink together.
+  const std::vector<int64_t> shard = data_parallel_.shard(indices);
   for (;;) {
     optimizer.zero_grad(/*set_to_none=*/true);
+    std::string oom_message;
     try {
       const int64_t noise_batch =
           options_.measure_noise_scale()
-              ? NoiseScaleTracker::small_batch(step_, plan_.global_batch_size, plan_.micro_batch_size)
+              ? NoiseScaleTracker::small_batch(step_, static_cast<int64_t>(shard.size()),
+                                             plan_.micro_batch_size)
               : 0;
       last_loss_tensor_ =
           noise_batch > 0
-              ? accumulate_gradients_measuring_noise(workload_, train_, indices,
+              ? accumulate_gradients_measuring_noise(workload_, train_, shard,
                                                      plan_.micro_batch_size, noise_batch,
                                                      plan_.amp, scaler_, device, noise_,
                                                      &data_seconds_)
-              : accumulate_gradients(workload_, train_, indices, plan_.micro_batch_size,
+              : accumulate_gradients(workload_, train_, shard, plan_.micro_batch_size,
                                      plan_.amp, scaler_, device, &data_seconds_);
-      break;
     } catch (const c10::OutOfMemoryError& e) {
       // Free what the failed step held, then retry the same samples in
       // micro-batches half as large: the logical batch stays the same.
+      oom_message = first_line(e.what_without_backtrace());
       last_loss_tensor_ = at::Tensor();
       optimizer.zero_grad(/*set_to_none=*/true);
       memory_.release_cached();
-      if (plan_.micro_batch_size == 1) {
-        throw Error(fmt::format(
-            "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
-            "fit in {} — use a larger --memory-limit or a smaller model",
-            step_ + 1, first_line(e.what_without_backtrace()),
-            format_bytes(memory_.usable_bytes())));
-      }
-      const int64_t before = plan_.micro_batch_size;
-      plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
-      plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
-      ++oom_recoveries_;
-      emit(TrainEvent::Kind::kOomRecovery,
-           fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
-                       "as {} micro-batches of {}",
-                       before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
-                       plan_.micro_batch_size));
     }
+    const auto outcome = data_parallel_.share_step(!oom_message.empty(), last_loss_tensor_, device);
+    if (!outcome.out_of_memory) {
+      last_loss_tensor_ = outcome.loss;
+      break;
+    }
+    if (oom_message.empty()) {  // this rank fitted; another did not
+      oom_message = "another rank ran out of memory";
+      last_loss_tensor_ = at::Tensor();
+      optimizer.zero_grad(/*set_to_none=*/true);
+    }
+    if (plan_.micro_batch_size == 1) {
+      throw Error(fmt::format(
+          "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
+          "fit in {} — use a larger --memory-limit or a smaller model",
+          step_ + 1, oom_message, format_bytes(memory_.usable_bytes())));
+    }
+    const int64_t before = plan_.micro_batch_size;
+    plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
+    plan_.accumulation_steps =
+        ceil_div(static_cast<int64_t>(shard.size()), plan_.micro_batch_size);
+    ++oom_recoveries_;
+    emit(TrainEvent::Kind::kOomRecovery,
+         fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
+                     "as {} micro-batches of {}",
+                     before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
+                     plan_.micro_batch_size));
   }
+  data_parallel_.average_gradients(workload_.model().parameters());
   set_learning_rate(optimizer, scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
   try {
     scaler_.step(optimizer);
@@ -249,15 +260,20 @@ void Trainer::train_step(const std::vector<int64_t>& indices) {
 
 double Trainer::evaluate() {
   if (test_ == nullptr) return 0;
+  // Buffers (batch-norm statistics) follow rank 0's, as PyTorch's DDP does.
+  data_parallel_.broadcast_from_first(workload_.model().buffers());
   at::NoGradGuard no_grad;
   workload_.model().train(false);
   const c10::Device device = memory_.device();
   int64_t batch = options_.eval_batch_size() > 0 ? options_.eval_batch_size()
                                                  : plan_.micro_batch_size;
   int64_t correct = 0;
-  int64_t begin = 0;
-  while (begin < test_->size()) {
-    const int64_t end = std::min(test_->size(), begin + batch);
+  // Data parallel: each rank evaluates its share of the test split.
+  const auto [first, last] =
+      shard_range(test_->size(), data_parallel_.rank(), data_parallel_.world_size());
+  int64_t begin = first;
+  while (begin < last) {
+    const int64_t end = std::min(last, begin + batch);
     std::vector<int64_t> indices(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) indices[static_cast<size_t>(i - begin)] = i;
     try {
@@ -280,6 +296,7 @@ double Trainer::evaluate() {
     }
   }
   workload_.model().train(true);
+  correct = data_parallel_.sum(correct);
   return static_cast<double>(correct) / static_cast<double>(test_->size());
 }
 
@@ -293,6 +310,14 @@ TrainSummary Trainer::run() {
                      options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
                      batch_in_epoch_));
   }
+  if (plan_.world_size != data_parallel_.world_size()) {
+    throw Error(fmt::format("--plan: world_size {} but this job has {} process(es); launch as "
+                            "many, or make the plan for this job",
+                            plan_.world_size, data_parallel_.world_size()));
+  }
+  // Every rank starts from rank 0's parameters and buffers.
+  data_parallel_.broadcast_from_first(workload_.model().parameters());
+  data_parallel_.broadcast_from_first(workload_.model().buffers());
   workload_.model().train(true);
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
@@ -382,6 +407,7 @@ TrainSummary Trainer::run() {
 // the position (step, epoch, batch within it, samples, plan as it stands).
 
 void Trainer::save_checkpoint() {
+  if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
   const std::string& dir = options_.checkpoint_dir();
   ::mkdir(dir.c_str(), 0755);
   BudgetAllocator::UncountedScope uncounted;  // host copies, not device memory

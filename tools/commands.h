@@ -18,5 +18,6 @@ CommandRun add_probe_command(CLI::App& app);
 CommandRun add_tune_command(CLI::App& app);
 CommandRun add_plan_command(CLI::App& app);
 CommandRun add_train_command(CLI::App& app);
+CommandRun add_launch_command(CLI::App& app);
 
 }  // namespace batchtune::cli

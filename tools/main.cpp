@@ -26,6 +26,7 @@ constexpr CommandEntry kCommands[] = {
     {"tune", batchtune::cli::add_tune_command},
     {"plan", batchtune::cli::add_plan_command},
     {"train", batchtune::cli::add_train_command},
+    {"launch", batchtune::cli::add_launch_command},
 };
 
 constexpr int kExitBadInput = 2;

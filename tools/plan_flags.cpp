@@ -66,7 +66,7 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
   if (!flags.plan_file.empty()) {
     const Plan file = read_plan_file(flags.plan_file);
     options.micro_batch_size(given("--batch-size") ? flags.batch_size : file.micro_batch_size)
-        .world_size(file.world_size)
+        .world_size(flags.world_size)
         .target_batch(given("--target-batch") ? flags.target_batch : file.global_batch_size)
         .base_lr(given("--base-lr") ? flags.base_lr : file.lr)
         .base_batch(given("--base-batch") ? flags.base_batch : file.global_batch_size)
@@ -92,8 +92,15 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
       const TunedBatch tuned = quick_tune(workload, memory, max_batch);
       micro = tuned.batch_size;
       tuned_reason = tuned.reason;
+      if (flags.agree_batch) {
+        const int64_t agreed = flags.agree_batch(micro);
+        if (agreed != micro) {
+          tuned_reason += fmt::format("; {} on another rank: the smallest is taken", agreed);
+          micro = agreed;
+        }
+      }
     }
-    options.micro_batch_size(micro);
+    options.micro_batch_size(micro).world_size(flags.world_size);
     const AmpChoice amp =
         choose_amp(amp_asked, workload, memory, std::min(micro, kAmpProbeMaxBatch));
     options.amp(amp.mode).amp_reason(amp.reason);

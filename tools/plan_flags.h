@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 
 #include "batchtune/device_memory.h"
@@ -23,6 +24,12 @@ struct PlanFlags {
   std::string lr_scaling;
   int64_t warmup = -1;
   std::string amp = "auto";
+  /// Processes of the job (set by the command, not a flag): the plan's
+  /// world size; a plan file's global batch is kept across world sizes.
+  int64_t world_size = 1;
+  /// Data parallel: what all ranks agree on for a quick-tuned micro-batch
+  /// (the minimum over ranks); none for one process.
+  std::function<int64_t(int64_t)> agree_batch;
 };
 
 /// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at

@@ -11,6 +11,7 @@
 #include "batchtune/interrupt.h"
 #include "batchtune/monitor.h"
 #include "commands.h"
+#include "distributed_flags.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
 
@@ -30,6 +31,7 @@ constexpr double kProgressIntervalS = 0.25;
 struct TrainFlags {
   WorkloadFlags workload;
   PlanFlags plan;
+  DistributedFlags distributed;
   std::string data = "synthetic";
   int64_t epochs = 1;
   int64_t steps = 0;
@@ -61,12 +63,14 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   }
   // A bad plan file fails now, before the data loads and lines are printed.
   if (!flags.plan.plan_file.empty()) read_plan_file(flags.plan.plan_file);
-  std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
   // Ctrl-C or SIGTERM stops after the current optimizer step, with a
   // checkpoint and a summary marked incomplete (a second one ends at once).
   InterruptHandler interrupts;
-
   WorkloadFlags workload_flags = flags.workload;
+  // Data parallel: rank 0 alone prints and writes.
+  const RankEnvironment env = place_rank(flags.distributed, workload_flags);
+  std::ostream& out = env.rank != 0 ? null_stream() : flags.json == "-" ? std::cerr : std::cout;
+
   if (workload_flags.inputs.size() > 1 ||
       (!workload_flags.inputs.empty() &&
        workload_flags.inputs.front().find(':') != std::string::npos) ||
@@ -92,13 +96,22 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     workload_flags.classes = data.train->classes();
   }
   ResolvedWorkload resolved = resolve_workload(workload_flags);
+  Job job = join_job(flags.distributed, env, resolved.memory->device());
+  DataParallel data_parallel(job.communicator.get());
+  PlanFlags plan_flags = flags.plan;
+  plan_flags.world_size = env.world_size;
+  if (env.distributed()) {
+    plan_flags.agree_batch = [&](int64_t batch) { return data_parallel.min(batch); };
+    out << fmt::format("rank 0 of {} ({}, timeout {} s)\n", env.world_size,
+                       job.communicator->backend(), flags.distributed.timeout_s);
+  }
   out << fmt::format("{} on {}, {} thread(s); data: {}{}\n",
                      resolved.workload->model().describe(), resolved.memory->device().str(),
                      resolved.threads, data.train->describe(),
                      data.test ? "; test: " + data.test->describe() : std::string());
   // A quick tune never tries a batch larger than the training data.
-  const Plan plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory,
-                                 data.train->size());
+  const Plan plan = data_parallel.agree_plan(resolve_plan(
+      plan_flags, cmd, *resolved.workload, *resolved.memory, data.train->size()));
   print_plan(out, plan);
 
   Trainer trainer(*resolved.workload, *resolved.memory, plan, *data.train, data.test.get(),
@@ -125,11 +138,18 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   });
   TrainConsoleReporter reporter(out, flags.json != "-" && ::isatty(STDOUT_FILENO) != 0);
   trainer.set_callback([&](const TrainEvent& e) { reporter.report(e); });
-  const TrainSummary summary = trainer.run();
+  trainer.set_communicator(job.communicator.get());
+  TrainSummary summary;
+  try {
+    summary = trainer.run();
+  } catch (const std::exception& e) {
+    job.communicator->report_failure(first_line(e.what()));
+    throw;
+  }
   monitor.stop();
   reporter.summary(summary);
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
-  if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));
+  if (!flags.json.empty() && job.primary()) write_json_output(flags.json, to_json(summary));
   return summary.complete ? 0 : interrupt_exit_code();
 }
 
@@ -141,6 +161,7 @@ CommandRun add_train_command(CLI::App& app) {
   auto flags = std::make_shared<TrainFlags>();
   add_workload_flags(*cmd, flags->workload);
   add_plan_flags(*cmd, flags->plan);
+  add_distributed_flags(*cmd, flags->distributed);
   cmd->add_option("--data", flags->data, "synthetic or fashion-mnist[:DIR]")
       ->capture_default_str();
   cmd->add_option("--epochs", flags->epochs, "passes over the training set")

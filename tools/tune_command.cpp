@@ -21,6 +21,8 @@
 #include "batchtune/plan.h"
 #include "batchtune/train_reporter.h"
 #include "commands.h"
+#include "batchtune/data_parallel.h"
+#include "distributed_flags.h"
 #include "plan_flags.h"
 #include "tune_objectives.h"
 #include "workload_flags.h"
@@ -87,6 +89,7 @@ struct TuneFlags {
   std::string report;
   PlanFlags plan;
   ObjectiveFlags objectives;
+  DistributedFlags distributed;
 };
 
 int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
@@ -114,10 +117,14 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;
   WorkloadFlags workload_flags = flags.workload;
+  const RankEnvironment env = place_rank(flags.distributed, workload_flags);
   const DataSplits data = objective == Objective::kGoodput || cmd.count("--data") > 0
                               ? open_tune_data(flags.objectives, workload_flags)
                               : DataSplits{};
   ResolvedWorkload resolved = resolve_workload(workload_flags);
+  // Data parallel: every rank probes its own device; rank 0 alone prints.
+  Job job = join_job(flags.distributed, env, resolved.memory->device());
+  DataParallel data_parallel(job.communicator.get());
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const std::string device = resolved.memory->device().str();
   Monitor monitor(make_sampler(resolved.memory->device()),
@@ -125,7 +132,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   check_energy_readable(objective, monitor.sampler().unavailable_reason());
   const double run_start = monitor.now_s();
   const bool to_stdout = flags.json == "-";
-  std::ostream& out = to_stdout ? std::cerr : std::cout;
+  std::ostream& out = !job.primary() ? null_stream() : to_stdout ? std::cerr : std::cout;
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
              resolved.workload->model().describe(), resolved.memory->device().str(),
              resolved.threads, to_string(options.strategy()));
@@ -144,9 +151,9 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   std::vector<TrialResult> measured;
   std::vector<TrialResult> swept;
   // A progress line on a terminal only, overwritten in place.
-  const bool progress = isatty(fileno(stderr)) != 0;
+  const bool progress = job.primary() && isatty(fileno(stderr)) != 0;
   try {
-    const SearchResult search = search_max_batch(
+    SearchResult search = search_max_batch(
         [&](int64_t batch) {
           throw_if_interrupted();
           if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
@@ -161,6 +168,15 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
           if (progress) fmt::print(stderr, "\r\033[K{}", trial_progress_line(trial, index));
         });
     if (progress) fmt::print(stderr, "\r\033[K");
+    if (env.distributed()) {
+      // The job's largest micro-batch is the smallest rank's: each rank
+      // searched alone (no collective inside a trial, so an out-of-memory
+      // never leaves a rank waiting), and the minimum counts every one.
+      const int64_t own = search.max_batch_size;
+      search.max_batch_size = data_parallel.min(own);
+      fmt::print(out, "rank 0 of {}: largest batch {} here, {} for the job (the smallest rank's)\n",
+                 env.world_size, own, search.max_batch_size);
+    }
     print_search(out, search);
     out << std::flush;  // progress for whoever reads a pipe (tee, a test)
     report.search = search;
@@ -213,10 +229,12 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                                  *resolved.memory, *data.train, out);
     }
     if (!flags.search_only && report.selection.batch_size > 0) {
-      plan = resolve_plan(plan_flags, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
-                          report.selection.batch_size,
-                          fmt::format("micro-batch {}: {}", report.selection.batch_size,
-                                      report.selection.reason));
+      plan_flags.world_size = env.world_size;
+      plan = data_parallel.agree_plan(
+          resolve_plan(plan_flags, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
+                       report.selection.batch_size,
+                       fmt::format("micro-batch {}: {}", report.selection.batch_size,
+                                   report.selection.reason)));
       if (objective == Objective::kGoodput) explain_goodput_plan(*plan);
       fmt::print(out, "\n");
       print_plan(out, *plan);
@@ -228,6 +246,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                "incomplete\n", interrupt_name(), measured.size() + swept.size());
   }
 
+  if (!job.primary()) return 0;  // one job, one result
+  if (!job.primary()) return report.complete ? 0 : interrupt_exit_code();  // one job, one result
   if (!flags.report.empty()) {
     write_file_atomically(flags.report, html_report(report));
     fmt::print(out, "report: {}\n", flags.report);
@@ -274,6 +294,7 @@ CommandRun add_tune_command(CLI::App& app) {
   // The plan's flags; tune itself finds the micro-batch (see run_tune).
   add_plan_flags(*cmd, flags->plan);
   add_objective_flags(*cmd, flags->objectives);
+  add_distributed_flags(*cmd, flags->distributed);
   return [flags, cmd] { return run_tune(*flags, *cmd); };
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/amp.h"
+#include "batchtune/data_parallel.h"
 #include "batchtune/dataset.h"
 #include "batchtune/loss_scaler.h"
 #include "batchtune/noise_scale.h"
@@ -137,6 +138,11 @@ class Trainer {
   /// use it to squeeze the memory budget mid-run).
   void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
 
+  /// Trains data-parallel with the other ranks of `communicator` (which
+  /// must outlive the run); the plan's world_size must be its world size.
+  void set_communicator(Communicator* communicator) { data_parallel_ = DataParallel(communicator); }
+  const DataParallel& data_parallel() const { return data_parallel_; }
+
   /// Trains until the steps or epochs are done, or until an interrupt is
   /// requested (`interrupt_requested()`, polled after each optimizer step):
   /// then it writes the checkpoint and returns a summary marked incomplete.
@@ -174,6 +180,7 @@ class Trainer {
   UtilizationSource utilization_;
   std::function<void(int64_t)> before_step_;
   NoiseScaleTracker noise_;
+  DataParallel data_parallel_;
 
   // Position: optimizer steps done, the epoch and logical batch within it.
   int64_t step_ = 0;

@@ -1,0 +1,410 @@
+// Data parallel over c10d: two local ranks on Gloo (loopback). The test
+// binary starts itself twice through batchtune::launch, each copy running
+// one `DistributedWorker` case as a rank; the parent checks their files.
+#include "batchtune/distributed.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "batchtune/budget_allocator.h"
+#include "batchtune/data_parallel.h"
+#include "batchtune/device_memory.h"
+#include "batchtune/error.h"
+#include "batchtune/launch.h"
+#include "batchtune/train_reporter.h"
+#include "batchtune/trainer.h"
+#include "batchtune/workload.h"
+#include "cli_runner.h"
+#include "test_helpers.h"
+
+namespace batchtune {
+namespace {
+
+constexpr int64_t kMemoryLimit = int64_t{1} << 30;
+constexpr int64_t kWorkerTimeoutMs = 10000;
+
+std::unique_ptr<TensorDataset> toy_data(std::vector<int64_t> shape, int64_t samples,
+                                        int64_t classes, uint64_t seed) {
+  auto map_generator = at::make_generator<at::CPUGeneratorImpl>(99);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> sizes{samples};
+  sizes.insert(sizes.end(), shape.begin(), shape.end());
+  int64_t features = 1;
+  for (int64_t d : shape) features *= d;
+  const at::Tensor map = at::randn({features, classes}, map_generator);
+  const at::Tensor inputs = at::randn(sizes, generator);
+  const at::Tensor targets = inputs.reshape({samples, -1}).matmul(map).argmax(1);
+  return std::make_unique<TensorDataset>("toy", inputs, targets, classes);
+}
+
+/// Records every sample index the trainer reads.
+class RecordingDataset final : public Dataset {
+ public:
+  explicit RecordingDataset(const Dataset& inner) : inner_(inner) {}
+  int64_t size() const override { return inner_.size(); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    seen.insert(seen.end(), indices.begin(), indices.end());
+    return inner_.get_batch(indices);
+  }
+  std::vector<int64_t> sample_shape() const override { return inner_.sample_shape(); }
+  int64_t classes() const override { return inner_.classes(); }
+  std::string describe() const override { return inner_.describe(); }
+  mutable std::vector<int64_t> seen;
+
+ private:
+  const Dataset& inner_;
+};
+
+// The run both the ranks and the single-process reference train: an MLP
+// with SGD, 2 micro-batches of 4 per rank and logical batch (a global 16).
+constexpr int64_t kSamples = 16 * 6 + 5;  // 6 logical batches an epoch, 5 left over
+constexpr int64_t kSteps = 6;
+
+Plan ddp_plan(int64_t world_size) {
+  return make_plan(PlanOptions()
+                       .micro_batch_size(4)
+                       .target_batch(16)
+                       .world_size(world_size)
+                       .optimizer("sgd")
+                       .base_lr(0.05)
+                       .base_batch(16)
+                       .warmup_steps(0));
+}
+
+Workload ddp_workload() {
+  return Workload(
+      WorkloadOptions().model("mlp").input_shape({12}).classes(4).optimizer("sgd").seed(7));
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void save_tensors(const std::string& path, const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.detach().reshape({-1}));
+  const at::Tensor all = at::cat(flat).contiguous();
+  std::ofstream(path, std::ios::binary)
+      .write(static_cast<const char*>(all.data_ptr()), all.numel() * 4);
+}
+
+at::Tensor load_tensors(const std::string& path) {
+  const std::string bytes = read_text(path);
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size() / 4)}, at::kFloat);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+const char* env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : fallback;
+}
+
+// ---- The ranks: run only when a test below starts them. ----
+
+TEST(DistributedWorker, DISABLED_Rank) {
+  const std::string dir = env_or("BATCHTUNE_TEST_DIR", "");
+  const std::string mode = env_or("BATCHTUNE_TEST_MODE", "");
+  ASSERT_FALSE(dir.empty());
+  const RankEnvironment env = rank_environment();
+  const std::string rank = std::to_string(env.rank);
+  std::unique_ptr<Communicator> comm;
+  try {
+    comm = make_communicator(env, c10::Device(c10::kCPU),
+                             std::chrono::milliseconds(kWorkerTimeoutMs));
+  } catch (const std::exception& e) {
+    write_text(dir + "/error" + rank, e.what());
+    FAIL() << e.what();
+  }
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  std::unique_ptr<TensorDataset> data;
+  Plan plan;
+  if (mode == "oom") {
+    data = toy_data({1, 28, 28}, 128 * 6, 10, 3);
+    plan = make_plan(PlanOptions().micro_batch_size(32).target_batch(128).world_size(2));
+  } else {
+    data = toy_data({12}, kSamples, 4, 5);
+  }
+  if (mode != "oom") plan = ddp_plan(env.world_size);
+  RecordingDataset recording(*data);
+  Workload w = mode == "oom"
+                   ? Workload(WorkloadOptions().model("lenet").input_shape({1, 28, 28}).classes(10).seed(7))
+                   : ddp_workload();
+  if (env.rank == 1) {
+    // A different start on rank 1: the broadcast from rank 0 must undo it.
+    at::NoGradGuard no_grad;
+    for (auto& p : w.model().parameters()) p.add_(1.0);
+  }
+  Trainer trainer(w, *memory, plan, recording, nullptr, TrainOptions().steps(kSteps).seed(3));
+  trainer.set_communicator(comm.get());
+  int64_t live = 0;
+  int64_t step_peak = 0;
+  trainer.set_before_step([&](int64_t step) {
+    if (mode == "die" && env.rank == 1 && step == 2) ::_exit(3);
+    if (mode != "oom" || env.rank != 1) return;
+    // Rank 1 alone: measure a step, then squeeze its budget below it.
+    if (step == 1) {
+      live = memory->live_bytes();
+      memory->reset_peak();
+    } else if (step == 2) {
+      step_peak = memory->peak_bytes() - live;
+    } else if (step == 3) {
+      memory->set_usable_bytes(memory->live_bytes() + step_peak * 6 / 10);
+    }
+  });
+  try {
+    const TrainSummary summary = trainer.run();
+    write_text(dir + "/summary" + rank, to_json(summary).dump());
+  } catch (const std::exception& e) {
+    write_text(dir + "/error" + rank, e.what());
+    return;
+  }
+  save_tensors(dir + "/params" + rank, w.model().parameters());
+  std::ostringstream seen;
+  for (int64_t i : recording.seen) seen << i << " ";
+  write_text(dir + "/seen" + rank, seen.str());
+}
+
+// ---- The tests. ----
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "batchtune_ddp_" + name + "_" +
+                          std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+LaunchResult run_ranks(const std::string& dir, const std::string& mode, bool stop_on_failure,
+                       std::string* output) {
+  std::vector<std::vector<std::string>> env(2, {"BATCHTUNE_TEST_DIR=" + dir,
+                                                "BATCHTUNE_TEST_MODE=" + mode,
+                                                "OMP_NUM_THREADS=1"});
+  std::ostringstream out;
+  const LaunchResult result = launch(
+      LaunchOptions()
+          .nproc(2)
+          .program("/proc/self/exe")
+          .args({"--gtest_filter=DistributedWorker.DISABLED_Rank",
+                 "--gtest_also_run_disabled_tests"})
+          .rank_env(env)
+          .stop_on_failure(stop_on_failure),
+      out);
+  *output = out.str();
+  return result;
+}
+
+TEST(RankEnvironment, OneProcessWithoutWorldSize) {
+  const auto env = parse_rank_environment([](const char*) -> const char* { return nullptr; });
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_FALSE(env.distributed());
+}
+
+TEST(RankEnvironment, ReadsTorchrunsVariables) {
+  const std::map<std::string, std::string> vars{
+      {"WORLD_SIZE", "4"}, {"RANK", "3"},         {"LOCAL_RANK", "1"},
+      {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  const auto env = parse_rank_environment([&](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.master_addr, "10.0.0.1");
+  EXPECT_EQ(env.master_port, 29500);
+  EXPECT_TRUE(env.use_agent_store);
+}
+
+TEST(RankEnvironment, BadVariablesAreNamed) {
+  const auto error_with = [](std::map<std::string, std::string> vars) {
+    return testing::error_of([&] {
+      parse_rank_environment([&](const char* name) -> const char* {
+        const auto it = vars.find(name);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      });
+    });
+  };
+  EXPECT_EQ(error_with({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}})
+                .rfind("MASTER_PORT: not set", 0),
+            0U);
+  EXPECT_EQ(error_with({{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "h"},
+                        {"MASTER_PORT", "1"}})
+                .rfind("RANK: 2 is not below WORLD_SIZE 2", 0),
+            0U);
+  EXPECT_EQ(error_with({{"WORLD_SIZE", "two"}}).rfind("WORLD_SIZE:", 0), 0U);
+  EXPECT_EQ(error_with({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "h"},
+                        {"MASTER_PORT", "70000"}})
+                .rfind("MASTER_PORT: 70000", 0),
+            0U);
+}
+
+TEST(DataParallel, ShardsSplitEveryLogicalBatchWithoutOverlap) {
+  std::vector<int64_t> batch{7, 3, 9, 1, 4, 8};
+  EXPECT_EQ(shard_batch(batch, 0, 2), (std::vector<int64_t>{7, 3, 9}));
+  EXPECT_EQ(shard_batch(batch, 1, 2), (std::vector<int64_t>{1, 4, 8}));
+  EXPECT_EQ(shard_batch(batch, 2, 3), (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(shard_range(10, 0, 3), (std::pair<int64_t, int64_t>{0, 4}));
+  EXPECT_EQ(shard_range(10, 1, 3), (std::pair<int64_t, int64_t>{4, 7}));
+  EXPECT_EQ(shard_range(10, 2, 3), (std::pair<int64_t, int64_t>{7, 10}));
+}
+
+TEST(DataParallel, OneProcessNeedsNoCommunicator) {
+  DataParallel dp;
+  EXPECT_EQ(dp.world_size(), 1);
+  EXPECT_EQ(dp.sum(5), 5);
+  const auto outcome = dp.share_step(true, at::Tensor(), c10::Device(c10::kCPU));
+  EXPECT_TRUE(outcome.out_of_memory);
+}
+
+TEST(DataParallel, APlanForTwoProcessesNeedsTwo) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto data = toy_data({12}, kSamples, 4, 5);
+  Workload w = ddp_workload();
+  Trainer trainer(w, *memory, ddp_plan(2), *data, nullptr, TrainOptions().steps(1));
+  EXPECT_NE(testing::error_of([&] { trainer.run(); }).find("world_size 2 but this job has 1"),
+            std::string::npos);
+}
+
+TEST(DataParallel, TwoRanksMatchOneProcessOnTheWholeBatchAndSeeEachSampleOnce) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string dir = fresh_dir("equal");
+  std::string output;
+  const LaunchResult result = run_ranks(dir, "train", true, &output);
+  ASSERT_EQ(result.exit_code, 0) << result.message << "\n" << output;
+  const at::Tensor p0 = load_tensors(dir + "/params0");
+  const at::Tensor p1 = load_tensors(dir + "/params1");
+  ASSERT_GT(p0.numel(), 0) << output;
+  EXPECT_TRUE(at::equal(p0, p1)) << "ranks differ by " << (p0 - p1).abs().max().item<double>();
+
+  // One process on the concatenated batches: the same parameters.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto data = toy_data({12}, kSamples, 4, 5);
+  Workload w = ddp_workload();
+  Trainer single(w, *memory, ddp_plan(1), *data, nullptr, TrainOptions().steps(kSteps).seed(3));
+  single.run();
+  std::vector<at::Tensor> flat;
+  for (const auto& p : w.model().parameters()) flat.push_back(p.detach().reshape({-1}));
+  const at::Tensor reference = at::cat(flat);
+  EXPECT_TRUE(at::allclose(p0, reference, 1e-4, 1e-6))
+      << "max difference " << (p0 - reference).abs().max().item<double>();
+
+  // The epoch: each sample on exactly one rank; the 5 left over on none.
+  std::map<int64_t, int> count;
+  for (const char* file : {"/seen0", "/seen1"}) {
+    std::istringstream in(read_text(dir + file));
+    for (int64_t i; in >> i;) ++count[i];
+  }
+  EXPECT_EQ(count.size(), static_cast<size_t>(kSamples - 5));
+  for (const auto& [index, n] : count) EXPECT_EQ(n, 1) << "sample " << index;
+  const auto s0 = nlohmann::json::parse(read_text(dir + "/summary0"));
+  EXPECT_EQ(s0["world_size"], 2);
+  EXPECT_EQ(s0["samples"], 16 * kSteps);
+}
+
+TEST(DataParallel, AnOutOfMemoryOnOneRankShrinksBoth) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string dir = fresh_dir("oom");
+  std::string output;
+  const LaunchResult result = run_ranks(dir, "oom", true, &output);
+  ASSERT_EQ(result.exit_code, 0) << result.message << "\n" << output;
+  const auto s0 = nlohmann::json::parse(read_text(dir + "/summary0"));
+  const auto s1 = nlohmann::json::parse(read_text(dir + "/summary1"));
+  for (const auto& s : {s0, s1}) {
+    EXPECT_GE(s["oom_recoveries"].get<int64_t>(), 1) << s.dump();
+    EXPECT_LT(s["micro_batch_size"].get<int64_t>(), 32) << s.dump();
+    EXPECT_EQ(s["steps"], kSteps);
+  }
+  EXPECT_EQ(s0["micro_batch_size"], s1["micro_batch_size"]);
+  EXPECT_TRUE(at::equal(load_tensors(dir + "/params0"), load_tensors(dir + "/params1")));
+}
+
+TEST(DataParallel, ADeadRankMakesTheOtherFailNamingIt) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string dir = fresh_dir("dead");
+  std::string output;
+  const auto start = std::chrono::steady_clock::now();
+  const LaunchResult result = run_ranks(dir, "die", false, &output);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(result.exit_code, 0);
+  const std::string error = read_text(dir + "/error0");
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error << "\n" << output;
+  EXPECT_LT(seconds, kWorkerTimeoutMs / 1000.0 + 10) << output;
+}
+
+TEST(LaunchCli, TwoRanksTrainOneJobWithOneResult) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string json = ::testing::TempDir() + "batchtune_launch_" +
+                           std::to_string(::getpid()) + ".json";
+  const auto r = batchtune::testing::run_cli(
+      "launch --nproc 2 -- train --model mlp --input 12 --classes 4 --steps 3 --batch-size 8 "
+      "--amp off --timeout 30 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 0 of 2 (gloo"), std::string::npos) << r.output;
+  const auto summary = nlohmann::json::parse(read_text(json));
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["global_batch_size"], 16);
+  EXPECT_EQ(summary["steps"], 3);
+}
+
+TEST(LaunchCli, AFailingRankFailsTheLaunch) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const auto r = batchtune::testing::run_cli("launch --nproc 2 -- train --batch-size 0");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--batch-size"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("batchtune launch: rank"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace batchtune
+
+namespace batchtune {
+namespace {
+
+TEST(LaunchCli, TorchrunNoPythonRunsTheRanks) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string torchrun = BATCHTUNE_TORCHRUN_PATH;
+  if (torchrun.empty()) GTEST_SKIP() << "no torchrun next to the build's Python";
+  const std::string json = ::testing::TempDir() + "batchtune_torchrun_" +
+                           std::to_string(::getpid()) + ".json";
+  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
+  // both ranks connect to it as clients.
+  const std::string command =
+      fmt::format("{} --nproc_per_node=2 --master_port {} --no-python {} train --model mlp "
+                  "--input 12 --classes 4 --steps 3 --batch-size 8 --amp off --timeout 30 "
+                  "--json {} 2>&1",
+                  torchrun, free_tcp_port(), BATCHTUNE_CLI_PATH, json);
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  const auto summary = nlohmann::json::parse(read_text(json));
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["global_batch_size"], 16);
+}
+
+}  // namespace
+}  // namespace batchtune
