@@ -23,6 +23,9 @@ struct PlanFlags {
   std::string lr_scaling;
   int64_t warmup = -1;
   std::string amp = "auto";
+  int64_t workers = 0;
+  int64_t prefetch = kDefaultPrefetch;
+  std::string pin_memory = "auto";
 };
 
 /// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "batchtune/console_reporter.h"
 #include "batchtune/error.h"
@@ -17,7 +18,9 @@
 #include "batchtune/trial.h"
 #include "batchtune/plan.h"
 #include "batchtune/train_reporter.h"
+#include "batchtune/loader_tuning.h"
 #include "commands.h"
+#include "data_flags.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
 
@@ -50,6 +53,7 @@ constexpr int64_t kSearchTimedSteps = 1;
 
 struct TuneFlags {
   WorkloadFlags workload;
+  DataFlags data;
   std::string strategy = "predict";
   int64_t max_batch = kDefaultMaxBatch;
   double time_budget = kDefaultTimeBudgetSeconds;
@@ -83,7 +87,9 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!flags.report.empty() && flags.search_only) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
-  ResolvedWorkload resolved = resolve_workload(flags.workload);
+  WorkloadFlags workload_flags = flags.workload;
+  const DataSplits data = open_data(flags.data, workload_flags);
+  ResolvedWorkload resolved = resolve_workload(workload_flags);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
   const std::string device = resolved.memory->device().str();
   Monitor monitor(make_sampler(resolved.memory->device()),
@@ -157,11 +163,23 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
     print_sweep(out, report);
   }
   std::optional<Plan> plan;
+  LoaderTuning loader;
   if (!flags.search_only && report.selection.batch_size > 0) {
     plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory, flags.max_batch,
                         report.selection.batch_size,
                         fmt::format("micro-batch {}: {}", report.selection.batch_size,
                                     report.selection.reason));
+    // The input pipeline, timed on the data at the chosen micro-batch.
+    const auto row = std::find_if(report.sweep.begin(), report.sweep.end(),
+                                  [&](const auto& r) { return r.batch_size == plan->micro_batch_size; });
+    loader = data.train ? tune_loader(runner, *data.train,
+                                      std::min(plan->micro_batch_size, data.train->size()),
+                                      row != report.sweep.end() ? row->step_ms / 1000 : 0,
+                                      plan->prefetch, workload_flags.seed,
+                                      std::max(1u, std::thread::hardware_concurrency()))
+                        : LoaderTuning{{}, {}, "loader tuning skipped: the data are synthetic"};
+    fmt::print(out, "\n{}", loader_table(loader));
+    if (loader.choice && cmd.count("--workers") == 0) apply_loader_choice(*plan, *loader.choice);
     fmt::print(out, "\n");
     print_plan(out, *plan);
   }
@@ -172,6 +190,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   }
   nlohmann::json json = flags.search_only ? to_json(search) : to_json(report);
   if (plan) json["plan"] = to_json(*plan);
+  if (!flags.search_only) {
+    json["loader"] = to_json(loader.rows);
+    json["loader_note"] = loader.note;
+  }
   json["complete"] = true;
   if (!flags.json.empty()) write_json_output(flags.json, json);
   return 0;
@@ -184,6 +206,7 @@ CommandRun add_tune_command(CLI::App& app) {
       "tune", "find the largest batch that fits, then the fastest, and plan training");
   auto flags = std::make_shared<TuneFlags>();
   add_workload_flags(*cmd, flags->workload);
+  add_data_flags(*cmd, flags->data);
   cmd->add_option("--strategy", flags->strategy, "search: predict, power, binsearch or backoff")
       ->capture_default_str();
   cmd->add_option("--max-batch", flags->max_batch, "never try a batch above this")
