@@ -1,6 +1,6 @@
 // bench/loader: the input pipeline on a generated image folder (2000 JPEGs
 // of about 96x96 in 4 classes, under /tmp): decoded samples/s with 0, 1 and 2
-// workers; then training `convnet` (3x64x64) through the trainer with 0
+// workers; then training `convnet` (3x32x32) through the trainer with 0
 // workers and with the worker count loader tuning picks, the share of the
 // step spent waiting for data and the speedup.
 //
@@ -36,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kDir = "/tmp/batchtune-bench-loader";
 constexpr int kClasses = 4;
 constexpr int64_t kBatch = 64;
-const std::vector<int64_t> kShape{3, 64, 64};
+const std::vector<int64_t> kShape{3, 32, 32};
 
 /// Writes the folder once; a later run reuses it.
 void make_folder(int images) {

@@ -26,10 +26,13 @@ std::vector<int64_t> loader_worker_grid(int64_t cores) {
 LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait) {
   TORCH_CHECK(!rows.empty(), "choose_loader: no rows");
   const LoaderRow* fastest = &rows.front();
-  const LoaderRow* enough = nullptr;
   for (const auto& row : rows) {
     if (row.samples_per_s > fastest->samples_per_s) fastest = &row;
-    if (row.data_wait_fraction >= max_wait) continue;
+  }
+  const double floor = fastest->samples_per_s * (1 - kLoaderThroughputTolerance);
+  const LoaderRow* enough = nullptr;
+  for (const auto& row : rows) {
+    if (row.data_wait_fraction >= max_wait || row.samples_per_s < floor) continue;
     if (enough == nullptr || row.workers < enough->workers ||
         (row.workers == enough->workers && row.samples_per_s > enough->samples_per_s)) {
       enough = &row;
@@ -42,14 +45,15 @@ LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait) 
   if (enough != nullptr) {
     return {enough->workers, enough->pin_memory,
             fmt::format("loader: {}: the fewest that keep the data wait under {:.0f} % of the "
-                        "step ({:.1f} %, {:.1f} samples/s)",
+                        "step ({:.1f} %) within {:.0f} % of the fastest ({:.1f} samples/s)",
                         name(*enough), 100 * max_wait, 100 * enough->data_wait_fraction,
-                        enough->samples_per_s)};
+                        100 * kLoaderThroughputTolerance, enough->samples_per_s)};
   }
   return {fastest->workers, fastest->pin_memory,
           fmt::format("loader: {}: the fastest measured ({:.1f} samples/s); no setting keeps the "
-                      "data wait under {:.0f} % (best here {:.1f} %): the input pipeline is the "
-                      "bottleneck — smaller or pre-resized images, or more cores",
+                      "data wait under {:.0f} % at that speed (here {:.1f} %): the input "
+                      "pipeline or the cores are the bottleneck — smaller or pre-resized "
+                      "images, or more cores",
                       name(*fastest), fastest->samples_per_s, 100 * max_wait,
                       100 * fastest->data_wait_fraction)};
 }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "batchtune/loader_tuning.h"
 #include "cli_runner.h"
 #include "image_folder_fixture.h"
@@ -54,6 +56,16 @@ TEST(LoaderTuning, WhenNothingKeepsUpTheFastestWins) {
   EXPECT_NE(choice.reason.find("no setting keeps"), std::string::npos) << choice.reason;
 }
 
+TEST(LoaderTuning, AShortWaitThatComesWithASlowerStepDoesNotCount) {
+  // Workers that starve the compute threads: little wait, but slower.
+  const std::vector<LoaderRow> rows{{0, false, 280, 0.10}, {1, false, 55, 0.02},
+                                    {2, false, 260, 0.03}};
+  const auto choice = batchtune::choose_loader(rows);
+  EXPECT_EQ(choice.workers, 2);  // within 10 % of the fastest, and keeps up
+  const std::vector<LoaderRow> starved{{0, false, 280, 0.10}, {1, false, 55, 0.02}};
+  EXPECT_EQ(batchtune::choose_loader(starved).workers, 0);  // the fastest
+}
+
 TEST(LoaderTuning, ZeroWorkersWhenTheDataIsCheap) {
   const std::vector<LoaderRow> rows{{0, false, 500, 0.01}, {1, false, 520, 0.0}};
   EXPECT_EQ(batchtune::choose_loader(rows).workers, 0);
@@ -63,6 +75,7 @@ TEST(LoaderTuning, StepsFillASecondWithinBounds) {
   EXPECT_EQ(batchtune::loader_steps(0.1), 10);
   EXPECT_EQ(batchtune::loader_steps(2.0), batchtune::kLoaderMinSteps);
   EXPECT_EQ(batchtune::loader_steps(1e-6), batchtune::kLoaderMaxSteps);
+  EXPECT_EQ(batchtune::loader_steps(0.05), 20);
   EXPECT_EQ(batchtune::loader_steps(0), batchtune::kLoaderMinSteps);
 }
 
@@ -84,7 +97,7 @@ TEST(LoaderTuning, TuneOnAnImageFolderReportsEachWorkerCountAndPicksOne) {
   BATCHTUNE_REQUIRE_IMAGES();
   batchtune::testing::ImageFolder folder(3, 12);
   const auto r = batchtune::testing::run_cli(
-      "tune --model convnet --input 3x24x24 --device cpu --memory-limit 96MiB --max-batch 16 "
+      "tune --model mlp --input 3x16x16 --device cpu --memory-limit 96MiB --max-batch 4 "
       "--amp off --data imagefolder:" +
       folder.dir() + " --json -");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -106,7 +119,7 @@ TEST(LoaderTuning, TuneOnAnImageFolderReportsEachWorkerCountAndPicksOne) {
   EXPECT_NE(r.output.find("3 classes"), std::string::npos);
 
   const auto synthetic = batchtune::testing::run_cli(
-      "tune --model convnet --input 3x24x24 --device cpu --memory-limit 96MiB --max-batch 8 "
+      "tune --model mlp --input 3x16x16 --device cpu --memory-limit 96MiB --max-batch 2 "
       "--amp off --json -");
   ASSERT_EQ(synthetic.exit_code, 0) << synthetic.output;
   const auto s = nlohmann::json::parse(synthetic.output.substr(synthetic.output.find("\n{") + 1));
@@ -121,6 +134,30 @@ namespace {
 TEST(LoaderTuning, InputDiagnosisAboveAFewPercentOfTheStep) {
   EXPECT_EQ(batchtune::input_diagnosis(0.30, 0).rfind("input-bound", 0), 0U);
   EXPECT_EQ(batchtune::input_diagnosis(0.01, 2).rfind("not input-bound", 0), 0U);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(LoaderTuning, TrainOnAnImageFolderSkipsACorruptFileWithTheFlagAndNamesItWithout) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  batchtune::testing::ImageFolder folder(2, 8);
+  const std::string bad = folder.files()[3];
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << "broken";
+  const std::string args = "train --model mlp --input 3x12x12 --device cpu --amp off "
+                           "--batch-size 4 --epochs 1 --workers 2 --data imagefolder:" +
+                           folder.dir();
+  const auto failed = batchtune::testing::run_cli(args);
+  EXPECT_EQ(failed.exit_code, 2) << failed.output;
+  EXPECT_NE(failed.output.find(bad), std::string::npos) << failed.output;
+  const auto skipped = batchtune::testing::run_cli(args + " --skip-bad-samples --json -");
+  ASSERT_EQ(skipped.exit_code, 0) << skipped.output;
+  EXPECT_NE(skipped.output.find("warning: skipped: " + bad), std::string::npos) << skipped.output;
+  const auto j = nlohmann::json::parse(skipped.output.substr(skipped.output.find("\n{") + 1));
+  EXPECT_EQ(j["skipped_samples"], 1);
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_NE(skipped.output.find("input-bound"), std::string::npos) << skipped.output;
 }
 
 }  // namespace

@@ -78,10 +78,12 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
   const auto json = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
   for (const char* key : {"steps", "samples", "epochs", "final_loss", "test_accuracy",
                           "oom_recoveries", "micro_batch_size", "accumulation_steps",
-                          "global_batch_size", "world_size", "seconds", "samples_per_s"}) {
+                          "global_batch_size", "world_size", "seconds", "samples_per_s",
+                          "skipped_samples", "data_wait_fraction", "input_bound"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 12U);
+  EXPECT_EQ(json.size(), 15U);
+  EXPECT_EQ(json["skipped_samples"], 0);
   EXPECT_EQ(json["steps"], 4);
   EXPECT_EQ(json["samples"], 128);
   EXPECT_EQ(json["accumulation_steps"], 4);

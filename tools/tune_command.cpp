@@ -100,6 +100,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
              resolved.workload->model().describe(), resolved.memory->device().str(),
              resolved.threads, to_string(options.strategy()));
+  if (data.train && !data.train->synthetic()) fmt::print(out, "data: {}\n", data.train->describe());
 
   // A progress line on a terminal only, overwritten in place.
   const bool progress = isatty(fileno(stderr)) != 0;

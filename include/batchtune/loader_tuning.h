@@ -18,11 +18,16 @@ class TrialRunner;
 /// The loader keeps up when the step waits for data less than this share of
 /// its time (the same line as the sweep's input-bound diagnosis).
 constexpr double kLoaderMaxWait = 0.05;
+/// A setting only counts as keeping up when it also trains within this
+/// share of the fastest setting measured: on a CPU the workers compete with
+/// LibTorch's compute threads, and a short wait can come with a slower step
+/// (measured here: 1 worker waited 2 % of the step but trained 5x slower).
+constexpr double kLoaderThroughputTolerance = 0.10;
 /// Each loader setting trains at least this many timed steps, and more
 /// (up to `kLoaderMaxSteps`) to fill `kLoaderMinSeconds`: fewer steps
 /// would mostly time the queue filling up.
 constexpr int64_t kLoaderMinSteps = 5;
-constexpr int64_t kLoaderMaxSteps = 200;
+constexpr int64_t kLoaderMaxSteps = 50;
 constexpr double kLoaderMinSeconds = 1.0;
 /// Untimed steps first: the workers fill the prefetch queue.
 constexpr int64_t kLoaderWarmupSteps = 2;
@@ -47,8 +52,9 @@ struct LoaderChoice {
 /// Worker counts to time: 0, 1, 2, 4, … below `cores`, and `cores` itself.
 std::vector<int64_t> loader_worker_grid(int64_t cores);
 
-/// The smallest worker count (pinned memory preferred at equal count, when
-/// faster) whose data wait stays under `max_wait`; when none does, the
+/// The smallest worker count (at equal count, the faster pin setting) whose
+/// data wait stays under `max_wait` and whose throughput is within
+/// `kLoaderThroughputTolerance` of the fastest row; when none does, the
 /// fastest row. Rows must not be empty.
 LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait = kLoaderMaxWait);
 
