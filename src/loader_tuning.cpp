@@ -156,6 +156,16 @@ LoaderTuning tune_loader(TrialRunner& runner, const Dataset& data, int64_t batch
   return tuning;
 }
 
+std::optional<double> chosen_wait(const LoaderTuning& tuning) {
+  if (!tuning.choice) return std::nullopt;
+  for (const auto& row : tuning.rows) {
+    if (row.workers == tuning.choice->workers && row.pin_memory == tuning.choice->pin_memory) {
+      return row.data_wait_fraction;
+    }
+  }
+  return std::nullopt;
+}
+
 std::string loader_table(const LoaderTuning& tuning) {
   std::string out = tuning.note + "\n";
   if (tuning.rows.empty()) return out;

@@ -117,6 +117,13 @@ TEST(LoaderTuning, TuneOnAnImageFolderReportsEachWorkerCountAndPicksOne) {
   EXPECT_NE(j["loader_note"].get<std::string>().find("pinned memory does not apply"),
             std::string::npos);
   EXPECT_NE(r.output.find("3 classes"), std::string::npos);
+  // The chosen setting's wait decides whether tune calls the run input-bound.
+  double chosen = -1;
+  for (const auto& row : j["loader"]) {
+    if (row["workers"] == j["plan"]["workers"]) chosen = row["data_wait_fraction"].get<double>();
+  }
+  EXPECT_EQ(j["diagnosis"]["kind"] == "input-bound", chosen >= batchtune::kLoaderMaxWait)
+      << j["diagnosis"].dump() << " " << chosen;
 
   const auto synthetic = batchtune::testing::run_cli(
       "tune --model mlp --input 3x16x16 --device cpu --memory-limit 96MiB --max-batch 2 "

@@ -181,6 +181,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                         : LoaderTuning{{}, {}, "loader tuning skipped: the data are synthetic"};
     fmt::print(out, "\n{}", loader_table(loader));
     if (loader.choice && cmd.count("--workers") == 0) apply_loader_choice(*plan, *loader.choice);
+    if (const auto wait = chosen_wait(loader); wait && *wait >= kLoaderMaxWait) {
+      report.diagnosis = {"input-bound", input_diagnosis(*wait, loader.choice->workers)};
+      fmt::print(out, "diagnosis: {}\n", report.diagnosis.text);
+    }
     fmt::print(out, "\n");
     print_plan(out, *plan);
   }

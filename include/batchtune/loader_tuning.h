@@ -88,6 +88,9 @@ struct LoaderTuning {
 LoaderTuning tune_loader(TrialRunner& runner, const Dataset& data, int64_t batch_size,
                          double step_seconds, int64_t prefetch, uint64_t seed, int64_t cores);
 
+/// The data wait of the chosen setting; nullopt without a choice.
+std::optional<double> chosen_wait(const LoaderTuning& tuning);
+
 /// The console table of a loader tuning.
 std::string loader_table(const LoaderTuning& tuning);
 
