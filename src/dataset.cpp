@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "batchtune/datasets/fashion_mnist.h"
+#include "batchtune/datasets/image_folder.h"
 #include "batchtune/error.h"
 #include "batchtune/shape.h"
 
@@ -93,7 +94,7 @@ std::string SyntheticDataset::describe() const {
 }
 
 DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& synthetic_shape,
-                        int64_t synthetic_classes, uint64_t seed) {
+                        int64_t synthetic_classes, uint64_t seed, DataOptions options) {
   DataSplits splits;
   if (spec.empty() || spec == "synthetic") {
     splits.train = std::make_unique<SyntheticDataset>(synthetic_shape, synthetic_classes,
@@ -109,8 +110,21 @@ DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& syn
     splits.test = load_fashion_mnist(dir, FashionMnistSplit::kTest);
     return splits;
   }
-  throw Error(fmt::format("--data: unknown data '{}'; use synthetic or fashion-mnist[:DIR]",
-                          spec));
+  if (name == "imagefolder") {
+    const std::string dir = spec.size() > name.size() ? spec.substr(name.size() + 1) : "";
+    if (dir.empty()) {
+      throw Error("--data imagefolder: give the directory, as imagefolder:DIR (one sub-folder "
+                  "per class)");
+    }
+    splits.train = std::make_unique<ImageFolderDataset>(
+        dir, ImageFolderOptions()
+                 .sample_shape(synthetic_shape)
+                 .seed(seed)
+                 .skip_bad_samples(options.skip_bad_samples()));
+    return splits;
+  }
+  throw Error(fmt::format(
+      "--data: unknown data '{}'; use synthetic, fashion-mnist[:DIR] or imagefolder:DIR", spec));
 }
 
 }  // namespace batchtune

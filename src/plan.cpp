@@ -165,8 +165,8 @@ Plan make_plan(const PlanOptions& o) {
   plan.pin_memory = o.pin_memory();
   plan.prefetch = o.prefetch();
   plan.reasons.push_back(fmt::format(
-      "input pipeline: {} workers, pin_memory {}, prefetch {} (defaults until the input "
-      "pipeline is tuned)",
+      "input pipeline: {} workers, pin_memory {}, prefetch {} (tune with --data times "
+      "the worker counts)",
       plan.workers, plan.pin_memory ? "on" : "off", plan.prefetch));
   return plan;
 }

@@ -21,6 +21,7 @@
 #include "batchtune/error.h"
 #include "batchtune/input_spec.h"
 #include "batchtune/interrupt.h"
+#include "batchtune/loader.h"
 #include "batchtune/shape.h"
 #include "batchtune/size.h"
 #include "batchtune/workload.h"
@@ -65,15 +66,28 @@ at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
                                 const std::vector<int64_t>& indices, int64_t micro_batch_size,
                                 AmpMode amp, const LossScaler& scaler, c10::Device device,
                                 double* data_seconds) {
-  TORCH_CHECK(micro_batch_size >= 1 && !indices.empty(),
+  TORCH_CHECK(!indices.empty(), "accumulate_gradients: need samples");
+  const auto fetch_start = Clock::now();
+  const Batch batch = data.get_batch(indices);
+  if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
+  return accumulate_gradients(workload, batch, micro_batch_size, amp, scaler, device,
+                              data_seconds);
+}
+
+at::Tensor accumulate_gradients(Workload& workload, const Batch& host_batch,
+                                int64_t micro_batch_size, AmpMode amp, const LossScaler& scaler,
+                                c10::Device device, double* data_seconds) {
+  const int64_t total = host_batch.target.defined() ? host_batch.target.size(0)
+                                                    : host_batch.inputs.at(0).size(0);
+  TORCH_CHECK(micro_batch_size >= 1 && total > 0,
               "accumulate_gradients: need a micro-batch of 1+ and samples");
-  const auto total = static_cast<int64_t>(indices.size());
+  const bool non_blocking = host_batch.inputs.at(0).is_pinned();
   at::Tensor loss_sum;
   for (int64_t begin = 0; begin < total; begin += micro_batch_size) {
     const int64_t end = std::min(total, begin + micro_batch_size);
-    const std::vector<int64_t> chunk(indices.begin() + begin, indices.begin() + end);
     const auto fetch_start = Clock::now();
-    const Batch batch = to_device(data.get_batch(chunk), device, /*non_blocking=*/false);
+    const Batch batch =
+        to_device(narrow_batch(host_batch, begin, end - begin), device, non_blocking);
     if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
     at::Tensor loss;
     {
@@ -184,29 +198,26 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   callback_(e);
 }
 
-void Trainer::train_step(const std::vector<int64_t>& indices) {
+void Trainer::train_step(const Batch& batch) {
   auto& optimizer = workload_.optimizer();
   const c10::Device device = memory_.device();
-  // Data parallel: this rank's shard of the logical batch; the ranks agree
-  // on an out-of-memory, so that all shrink together.
-  const std::vector<int64_t> shard = data_parallel_.shard(indices);
+  // Data parallel: `batch` is this rank's shard of the logical batch (see
+  // run()); the ranks agree on an out-of-memory, so that all shrink together.
   for (;;) {
     optimizer.zero_grad(/*set_to_none=*/true);
     std::string oom_message;
     try {
       const int64_t noise_batch =
           options_.measure_noise_scale()
-              ? NoiseScaleTracker::small_batch(step_, static_cast<int64_t>(shard.size()),
-                                             plan_.micro_batch_size)
+              ? NoiseScaleTracker::small_batch(step_, batch.size(), plan_.micro_batch_size)
               : 0;
       last_loss_tensor_ =
           noise_batch > 0
-              ? accumulate_gradients_measuring_noise(workload_, train_, shard,
-                                                     plan_.micro_batch_size, noise_batch,
-                                                     plan_.amp, scaler_, device, noise_,
-                                                     &data_seconds_)
-              : accumulate_gradients(workload_, train_, shard, plan_.micro_batch_size,
-                                     plan_.amp, scaler_, device, &data_seconds_);
+              ? accumulate_gradients_measuring_noise(workload_, batch, plan_.micro_batch_size,
+                                                     noise_batch, plan_.amp, scaler_, device,
+                                                     noise_, &data_seconds_)
+              : accumulate_gradients(workload_, batch, plan_.micro_batch_size, plan_.amp,
+                                     scaler_, device, &data_seconds_);
     } catch (const c10::OutOfMemoryError& e) {
       // Free what the failed step held, then retry the same samples in
       // micro-batches half as large: the logical batch stays the same.
@@ -233,8 +244,7 @@ void Trainer::train_step(const std::vector<int64_t>& indices) {
     }
     const int64_t before = plan_.micro_batch_size;
     plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
-    plan_.accumulation_steps =
-        ceil_div(static_cast<int64_t>(shard.size()), plan_.micro_batch_size);
+    plan_.accumulation_steps = ceil_div(batch.size(), plan_.micro_batch_size);
     ++oom_recoveries_;
     emit(TrainEvent::Kind::kOomRecovery,
          fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
@@ -323,16 +333,36 @@ TrainSummary Trainer::run() {
   int64_t order_epoch = -1;
   memory_.reset_peak();
 
+  // The loader asks for step s's samples ahead of time (and from its own
+  // threads with --workers); they follow from (seed, epoch) alone.
+  Loader loader(
+      train_,
+      [&](int64_t step) -> std::optional<std::vector<int64_t>> {
+        if (step >= total_steps_) return std::nullopt;
+        const int64_t epoch = step / per_epoch;
+        if (order_epoch != epoch) {
+          order = epoch_order(train_.size(), options_.seed(), epoch);
+          order_epoch = epoch;
+        }
+        const auto first = order.begin() + (step % per_epoch) * plan_.global_batch_size;
+        // Data parallel: this rank's shard of the logical batch.
+        return data_parallel_.shard(std::vector<int64_t>(first, first + plan_.global_batch_size));
+      },
+      LoaderOptions()
+          .workers(plan_.workers)
+          .prefetch(plan_.prefetch)
+          .pin_memory(plan_.pin_memory && memory_.device().is_cuda())
+          .first_batch(step_)
+          .seed(options_.seed()));
+
   while (step_ < total_steps_) {
     const auto start = Clock::now();
-    if (order_epoch != epoch_) {
-      order = epoch_order(train_.size(), options_.seed(), epoch_);
-      order_epoch = epoch_;
-    }
-    const auto first = order.begin() + batch_in_epoch_ * plan_.global_batch_size;
-    const std::vector<int64_t> indices(first, first + plan_.global_batch_size);
     if (before_step_) before_step_(step_);
-    train_step(indices);
+    const double waited = loader.wait_seconds();
+    const std::optional<Batch> batch = loader.next();
+    data_seconds_ += loader.wait_seconds() - waited;
+    TORCH_CHECK(batch, "Trainer: the loader ended before step ", step_ + 1);
+    train_step(*batch);
     ++step_;
     ++batch_in_epoch_;
     samples_ += plan_.global_batch_size;
@@ -368,7 +398,12 @@ TrainSummary Trainer::run() {
       settle_clock();
       save_checkpoint();
     }
-    if (interrupt_requested()) break;
+    // Data parallel: every rank stops after the same step when any was
+    // signalled, so that none is left waiting in a collective.
+    const bool stop = data_parallel_.distributed()
+                          ? data_parallel_.sum(interrupt_requested() ? 1 : 0) > 0
+                          : interrupt_requested();
+    if (stop) break;
   }
   settle_clock();
   const bool complete = step_ >= total_steps_;
@@ -397,8 +432,11 @@ TrainSummary Trainer::run() {
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
   s.resumed_from_step = resumed_from_step_;
   s.complete = complete;
-  if (!complete) s.interrupted_by = interrupt_name();
+  if (!complete) {
+    s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
+  }
   s.noise_scale = noise_.noise_scale();
+  s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
   return s;
 }
 

@@ -235,4 +235,11 @@ at::Tensor Workload::step(const Batch& batch) {
   return loss.detach();
 }
 
+Batch narrow_batch(const Batch& batch, int64_t begin, int64_t length) {
+  Batch out;
+  for (const auto& input : batch.inputs) out.inputs.push_back(input.narrow(0, begin, length));
+  if (batch.target.defined()) out.target = batch.target.narrow(0, begin, length);
+  return out;
+}
+
 }  // namespace batchtune

@@ -79,12 +79,14 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
   for (const char* key : {"steps", "samples", "epochs", "final_loss", "test_accuracy",
                           "oom_recoveries", "micro_batch_size", "accumulation_steps",
                           "global_batch_size", "world_size", "seconds", "samples_per_s",
-                          "noise_scale", "complete", "interrupted_by"}) {
+                          "noise_scale", "complete", "interrupted_by", "skipped_samples",
+                          "data_wait_fraction", "input_bound"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 15U);
+  EXPECT_EQ(json.size(), 18U);
   EXPECT_EQ(json["complete"], true);
   EXPECT_TRUE(json["noise_scale"].is_number()) << "accumulation measures it every step";
+  EXPECT_EQ(json["skipped_samples"], 0);
   EXPECT_EQ(json["steps"], 4);
   EXPECT_EQ(json["samples"], 128);
   EXPECT_EQ(json["accumulation_steps"], 4);

@@ -6,6 +6,7 @@
 
 #include "batchtune/amp.h"
 #include "batchtune/error.h"
+#include "batchtune/loader_tuning.h"
 #include "batchtune/quick_tune.h"
 
 namespace batchtune::cli {
@@ -30,6 +31,15 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
                  "mixed precision: off, bf16, fp16 or auto (measured on CPU, by compute "
                  "capability on CUDA)")
       ->capture_default_str();
+  app.add_option("--workers", flags.workers,
+                 "input pipeline: threads building batches (0: on the training thread)")
+      ->capture_default_str();
+  app.add_option("--prefetch", flags.prefetch, "input pipeline: batches built ahead per worker")
+      ->capture_default_str();
+  app.add_option("--pin-memory", flags.pin_memory,
+                 "input pipeline: stage batches in pinned host memory: auto (on for CUDA), on "
+                 "or off; does not apply on the CPU")
+      ->capture_default_str();
 }
 
 Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
@@ -52,6 +62,17 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
     throw Error(fmt::format("--base-lr: must be positive, got {}", flags.base_lr));
   }
   if (given("--lr-scaling")) parse_lr_scaling(flags.lr_scaling);
+  if (flags.workers < 0) {
+    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
+                            flags.workers));
+  }
+  if (flags.prefetch < 0) {
+    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
+                            flags.prefetch));
+  }
+  if (flags.pin_memory != "auto" && flags.pin_memory != "on" && flags.pin_memory != "off") {
+    throw Error(fmt::format("--pin-memory: use auto, on or off, not '{}'", flags.pin_memory));
+  }
   const AmpMode amp_asked = parse_amp(flags.amp);
 
   PlanOptions options;
@@ -105,7 +126,18 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
         choose_amp(amp_asked, workload, memory, std::min(micro, kAmpProbeMaxBatch));
     options.amp(amp.mode).amp_reason(amp.reason);
   }
+  if (given("--workers")) options.workers(flags.workers);
+  if (given("--prefetch")) options.prefetch(flags.prefetch);
+  if (given("--pin-memory") && flags.pin_memory != "auto") {
+    options.pin_memory(flags.pin_memory == "on");
+  }
+  // Pinned memory speeds host-to-device copies; the CPU copies nothing.
+  const bool cpu = !memory.device().is_cuda();
+  if (cpu) options.pin_memory(false);
   Plan plan = make_plan(options);
+  set_pipeline_reason(plan, cpu ? "pinned memory does not apply on the CPU (no copy to a "
+                                  "device)"
+                                : "");
   if (!tuned_reason.empty()) plan.reasons.insert(plan.reasons.begin(), tuned_reason);
   if (given("--lr")) {
     plan.lr = workload.options().lr();

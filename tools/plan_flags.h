@@ -30,6 +30,9 @@ struct PlanFlags {
   /// Data parallel: what all ranks agree on for a quick-tuned micro-batch
   /// (the minimum over ranks); none for one process.
   std::function<int64_t(int64_t)> agree_batch;
+  int64_t workers = 0;
+  int64_t prefetch = kDefaultPrefetch;
+  std::string pin_memory = "auto";
 };
 
 /// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at

@@ -5,6 +5,7 @@
 
 #include "batchtune/dataset.h"
 #include "batchtune/error.h"
+#include "batchtune/loader_tuning.h"
 #include "batchtune/shape.h"
 #include "batchtune/train_reporter.h"
 #include "batchtune/trainer.h"
@@ -40,6 +41,7 @@ struct TrainFlags {
   int64_t checkpoint_every = 0;
   bool resume = false;
   bool memory_summary = false;
+  bool skip_bad_samples = false;
   std::string json;
 };
 
@@ -84,7 +86,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   DataSplits data = open_dataset(flags.data, requested,
                                  workload_flags.classes > 0 ? workload_flags.classes
                                                             : kDefaultTrainClasses,
-                                 workload_flags.seed);
+                                 workload_flags.seed,
+                                 DataOptions().skip_bad_samples(flags.skip_bad_samples));
   if (flags.data != "synthetic") {
     // The data decides the input shape and the classes.
     const std::string shape = format_shape(data.train->sample_shape());
@@ -148,8 +151,17 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   }
   monitor.stop();
   reporter.summary(summary);
+  out << input_diagnosis(summary.data_wait_fraction, plan.workers) << "\n";
+  if (data.train->skipped_samples() > 0) {
+    out << fmt::format("skipped {} unreadable file(s) (--skip-bad-samples)\n",
+                       data.train->skipped_samples());
+  }
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
-  if (!flags.json.empty() && job.primary()) write_json_output(flags.json, to_json(summary));
+  nlohmann::json json = to_json(summary);
+  json["skipped_samples"] = data.train->skipped_samples();
+  json["data_wait_fraction"] = summary.data_wait_fraction;
+  json["input_bound"] = summary.data_wait_fraction >= kLoaderMaxWait;
+  if (!flags.json.empty() && job.primary()) write_json_output(flags.json, json);
   return summary.complete ? 0 : interrupt_exit_code();
 }
 
@@ -162,8 +174,12 @@ CommandRun add_train_command(CLI::App& app) {
   add_workload_flags(*cmd, flags->workload);
   add_plan_flags(*cmd, flags->plan);
   add_distributed_flags(*cmd, flags->distributed);
-  cmd->add_option("--data", flags->data, "synthetic or fashion-mnist[:DIR]")
+  cmd->add_option("--data", flags->data,
+                  "synthetic, fashion-mnist[:DIR] or imagefolder:DIR (one sub-folder per class, "
+                  "JPEG/PNG, made to --input's CxHxW)")
       ->capture_default_str();
+  cmd->add_flag("--skip-bad-samples", flags->skip_bad_samples,
+                "skip unreadable image files with a warning (counted) instead of stopping");
   cmd->add_option("--epochs", flags->epochs, "passes over the training set")
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "optimizer steps in all (instead of --epochs)");

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include "batchtune/console_reporter.h"
 #include "batchtune/energy.h"
@@ -20,8 +21,10 @@
 #include "batchtune/trial.h"
 #include "batchtune/plan.h"
 #include "batchtune/train_reporter.h"
+#include "batchtune/loader_tuning.h"
 #include "commands.h"
 #include "batchtune/data_parallel.h"
+#include "data_flags.h"
 #include "distributed_flags.h"
 #include "plan_flags.h"
 #include "tune_objectives.h"
@@ -77,6 +80,7 @@ constexpr int64_t kSearchTimedSteps = 1;
 
 struct TuneFlags {
   WorkloadFlags workload;
+  DataFlags data;
   std::string strategy = "predict";
   int64_t max_batch = kDefaultMaxBatch;
   double time_budget = kDefaultTimeBudgetSeconds;
@@ -118,9 +122,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   InterruptHandler interrupts;
   WorkloadFlags workload_flags = flags.workload;
   const RankEnvironment env = place_rank(flags.distributed, workload_flags);
-  const DataSplits data = objective == Objective::kGoodput || cmd.count("--data") > 0
-                              ? open_tune_data(flags.objectives, workload_flags)
-                              : DataSplits{};
+  const DataSplits data = open_data(flags.data, workload_flags);
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   // Data parallel: every rank probes its own device; rank 0 alone prints.
   Job job = join_job(flags.distributed, env, resolved.memory->device());
@@ -136,6 +138,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   fmt::print(out, "{} on {}, {} thread(s); searching the largest batch that fits ({})\n",
              resolved.workload->model().describe(), resolved.memory->device().str(),
              resolved.threads, to_string(options.strategy()));
+  if (data.train && !data.train->synthetic()) fmt::print(out, "data: {}\n", data.train->describe());
   out << std::flush;
 
   TuneReport report;
@@ -150,6 +153,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   // Every trial as it ends, so that an interruption keeps what was measured.
   std::vector<TrialResult> measured;
   std::vector<TrialResult> swept;
+  LoaderTuning loader;
   // A progress line on a terminal only, overwritten in place.
   const bool progress = job.primary() && isatty(fileno(stderr)) != 0;
   try {
@@ -236,6 +240,23 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                        fmt::format("micro-batch {}: {}", report.selection.batch_size,
                                    report.selection.reason)));
       if (objective == Objective::kGoodput) explain_goodput_plan(*plan);
+      // The input pipeline, timed on the data at the chosen micro-batch.
+      const auto row = std::find_if(report.sweep.begin(), report.sweep.end(), [&](const auto& r) {
+        return r.batch_size == plan->micro_batch_size;
+      });
+      loader = data.train
+                   ? tune_loader(runner, *data.train,
+                                 std::min(plan->micro_batch_size, data.train->size()),
+                                 row != report.sweep.end() ? row->step_ms / 1000 : 0,
+                                 plan->prefetch, workload_flags.seed,
+                                 std::max(1u, std::thread::hardware_concurrency()))
+                   : LoaderTuning{{}, {}, "loader tuning skipped: the data are synthetic"};
+      fmt::print(out, "\n{}", loader_table(loader));
+      if (loader.choice && cmd.count("--workers") == 0) apply_loader_choice(*plan, *loader.choice);
+      if (const auto wait = chosen_wait(loader); wait && *wait >= kLoaderMaxWait) {
+        report.diagnosis = {"input-bound", input_diagnosis(*wait, loader.choice->workers)};
+        fmt::print(out, "diagnosis: {}\n", report.diagnosis.text);
+      }
       fmt::print(out, "\n");
       print_plan(out, *plan);
     }
@@ -254,6 +275,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   }
   nlohmann::json json = flags.search_only ? to_json(report.search) : to_json(report);
   if (plan) json["plan"] = to_json(*plan);
+  if (!flags.search_only) {
+    json["loader"] = to_json(loader.rows);
+    json["loader_note"] = loader.note;
+  }
   json["complete"] = report.complete;
   if (!report.complete) json["interrupted_by"] = interrupt_name();
   if (!flags.json.empty()) write_json_output(flags.json, json);
@@ -267,6 +292,7 @@ CommandRun add_tune_command(CLI::App& app) {
       "tune", "find the largest batch that fits, then the fastest, and plan training");
   auto flags = std::make_shared<TuneFlags>();
   add_workload_flags(*cmd, flags->workload);
+  add_data_flags(*cmd, flags->data);
   cmd->add_option("--strategy", flags->strategy, "search: predict, power, binsearch or backoff")
       ->capture_default_str();
   cmd->add_option("--max-batch", flags->max_batch, "never try a batch above this")

@@ -13,19 +13,7 @@
 
 namespace batchtune::cli {
 
-namespace {
-
-// Synthetic data without --input / --classes: the workload defaults.
-const std::vector<int64_t> kDefaultTuneInput{3, 64, 64};
-constexpr int64_t kDefaultTuneClasses = 10;
-
-}  // namespace
-
 void add_objective_flags(CLI::App& app, ObjectiveFlags& flags) {
-  app.add_option("--data", flags.data,
-                 "data the goodput objective's noise-scale run trains on: synthetic or "
-                 "fashion-mnist[:DIR]")
-      ->capture_default_str();
   app.add_option("--eta", flags.eta,
                  "energy objective: weight of energy against time in the cost (0..1)")
       ->capture_default_str();
@@ -49,31 +37,6 @@ void check_objective_flags(const ObjectiveFlags& flags, Objective objective, con
     throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
                 "--target-batch out, or use --objective throughput with it");
   }
-}
-
-DataSplits open_tune_data(const ObjectiveFlags& flags, WorkloadFlags& workload) {
-  if (flags.data == "synthetic") {
-    if (!workload.input_spec.empty() || workload.inputs.size() > 1 ||
-        (!workload.inputs.empty() && workload.inputs.front().find(':') != std::string::npos)) {
-      return {};  // token or multi-input specs: no training data for them yet
-    }
-  }
-  const std::vector<int64_t> requested = workload.inputs.empty()
-                                             ? kDefaultTuneInput
-                                             : parse_shape(workload.inputs.front(), "--input");
-  DataSplits data =
-      open_dataset(flags.data, requested,
-                   workload.classes > 0 ? workload.classes : kDefaultTuneClasses, workload.seed);
-  if (flags.data != "synthetic") {
-    const std::string shape = format_shape(data.train->sample_shape());
-    if (!workload.input_spec.empty() || workload.inputs.size() > 1 ||
-        (!workload.inputs.empty() && requested != data.train->sample_shape())) {
-      throw Error(fmt::format("--input: {} has {} samples; leave --input out", flags.data, shape));
-    }
-    workload.inputs = {shape};
-    workload.classes = data.train->classes();
-  }
-  return data;
 }
 
 void check_energy_readable(Objective objective, const std::string& sampler_reason) {

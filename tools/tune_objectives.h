@@ -29,17 +29,11 @@ constexpr int64_t kNoiseRunMaxMicroBatch = 64;
 constexpr int64_t kNoiseRunMinMicroBatch = 8;
 
 struct ObjectiveFlags {
-  std::string data = "synthetic";
   double eta = kDefaultEta;
   int64_t noise_steps = kDefaultNoiseRunSteps;
 };
 
 void add_objective_flags(CLI::App& app, ObjectiveFlags& flags);
-
-/// Opens `--data` and, for data other than synthetic, sets the workload's
-/// input shape and classes from it (an `--input` that disagrees is an
-/// error). Throws `batchtune::Error`.
-DataSplits open_tune_data(const ObjectiveFlags& flags, WorkloadFlags& workload);
 
 /// Checks the flags against the objective; throws `batchtune::Error`.
 void check_objective_flags(const ObjectiveFlags& flags, Objective objective, const CLI::App& app);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <cstdint>
 #include <memory>
@@ -14,8 +15,9 @@ namespace batchtune {
 /// A source of labelled samples that the training loop draws batches from
 /// by index. Batches come back in host memory; the loop moves them to the
 /// device. Implementations: `TensorDataset` (samples held in memory, e.g.
-/// Fashion-MNIST), `SyntheticDataset`; an image folder can plug in the same
-/// way.
+/// Fashion-MNIST), `SyntheticDataset`, `ImageFolderDataset`. `get_batch`
+/// and `draw_batch` may be called from several threads at once (the
+/// `Loader`'s workers).
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -23,6 +25,19 @@ class Dataset {
   virtual int64_t size() const = 0;
   /// The samples at `indices`, in that order, as one batch.
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+  /// The samples at `indices` for training: with random augmentation (crop,
+  /// flip) drawn from `draw` and the index alone, so a batch is the same
+  /// whichever thread builds it. Data without augmentation return
+  /// `get_batch(indices)`.
+  virtual Batch draw_batch(const std::vector<int64_t>& indices, uint64_t draw) const {
+    (void)draw;
+    return get_batch(indices);
+  }
+  /// Unreadable files skipped so far (`--skip-bad-samples`); 0 where there
+  /// are no files.
+  virtual int64_t skipped_samples() const { return 0; }
+  /// Made-up samples, costing nothing to load: no input pipeline to tune.
+  virtual bool synthetic() const { return false; }
   /// Per-sample input shape (no batch dimension).
   virtual std::vector<int64_t> sample_shape() const = 0;
   virtual int64_t classes() const = 0;
@@ -81,6 +96,7 @@ class SyntheticDataset final : public Dataset {
   std::vector<int64_t> sample_shape() const override { return shape_; }
   int64_t classes() const override { return classes_; }
   std::string describe() const override;
+  bool synthetic() const override { return true; }
 
  private:
   std::vector<int64_t> shape_;
@@ -99,10 +115,18 @@ struct DataSplits {
   std::unique_ptr<Dataset> test;  ///< null without a test split
 };
 
+/// How `open_dataset` reads files.
+struct DataOptions {
+  /// Unreadable image files are skipped with a warning (and counted) instead
+  /// of stopping the run with an error naming them.
+  TORCH_ARG(bool, skip_bad_samples) = false;
+};
+
 /// Opens the data named by `--data`: `synthetic` (the default; the shape
-/// and classes given) or `fashion-mnist[:DIR]`. Throws `batchtune::Error`
-/// naming `--data` or the file at fault.
+/// and classes given), `fashion-mnist[:DIR]` or `imagefolder:DIR` (images
+/// made to the shape given, one class per sub-folder). Throws
+/// `batchtune::Error` naming `--data` or the file at fault.
 DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& synthetic_shape,
-                        int64_t synthetic_classes, uint64_t seed);
+                        int64_t synthetic_classes, uint64_t seed, DataOptions options = {});
 
 }  // namespace batchtune

@@ -101,6 +101,7 @@ struct TrainSummary {
   int64_t skipped_steps = 0;       ///< fp16 steps skipped by the loss scaler
   double seconds = 0;              ///< training time of this run, evaluation excluded
   double samples_per_s = 0;        ///< samples of this run / seconds
+  double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
   int64_t resumed_from_step = 0;   ///< 0 for a fresh run
   /// False when SIGINT or SIGTERM stopped the run early (see interrupt.h):
   /// the checkpoint, when on, holds the last step; no final evaluation.
@@ -161,7 +162,7 @@ class Trainer {
   NoiseScaleTracker& noise_scale() { return noise_; }
 
  private:
-  void train_step(const std::vector<int64_t>& indices);
+  void train_step(const Batch& batch);
   /// Waits for queued device work and counts the wait as training time.
   void settle_clock();
   double evaluate();
@@ -218,6 +219,13 @@ class Trainer {
 /// `data_seconds` when given.
 at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
                                 const std::vector<int64_t>& indices, int64_t micro_batch_size,
+                                AmpMode amp, const LossScaler& scaler, c10::Device device,
+                                double* data_seconds = nullptr);
+
+/// The same for a logical batch already in host memory (from a `Loader`):
+/// sliced into micro-batches, each moved to `device` (with `non_blocking`
+/// when the batch is pinned), the time of the moves added to `data_seconds`.
+at::Tensor accumulate_gradients(Workload& workload, const Batch& batch, int64_t micro_batch_size,
                                 AmpMode amp, const LossScaler& scaler, c10::Device device,
                                 double* data_seconds = nullptr);
 

@@ -27,6 +27,10 @@ struct Batch {
   int64_t size() const { return inputs.front().size(0); }
 };
 
+/// Samples [begin, begin + length) of `batch`: every input and the target
+/// narrowed along the batch dimension (views, no copy).
+Batch narrow_batch(const Batch& batch, int64_t begin, int64_t length);
+
 /// What is trained: a model, its input, the loss and the optimizer.
 ///
 /// Example:

@@ -1,0 +1,47 @@
+#include "data_flags.h"
+
+#include <fmt/format.h>
+
+#include "batchtune/error.h"
+#include "batchtune/input_spec.h"
+#include "batchtune/shape.h"
+
+namespace batchtune::cli {
+
+// Synthetic samples without --input / --classes: the workload defaults.
+constexpr int64_t kDefaultDataClasses = 10;
+
+void add_data_flags(CLI::App& app, DataFlags& flags) {
+  app.add_option("--data", flags.data,
+                 "synthetic, fashion-mnist[:DIR] or imagefolder:DIR (one sub-folder per class, "
+                 "JPEG/PNG, made to --input's CxHxW)")
+      ->capture_default_str();
+  app.add_flag("--skip-bad-samples", flags.skip_bad_samples,
+               "skip unreadable image files with a warning (counted) instead of stopping");
+}
+
+DataSplits open_data(const DataFlags& flags, WorkloadFlags& workload) {
+  if (!workload.input_spec.empty() || workload.inputs.size() > 1 ||
+      (!workload.inputs.empty() && workload.inputs.front().find(':') != std::string::npos)) {
+    if (flags.data == "synthetic") return {};
+    throw Error(fmt::format("--data {}: reads one float input per sample; leave out "
+                            "--input-spec and token inputs",
+                            flags.data));
+  }
+  const std::vector<int64_t> requested = input_spec_from_flags(workload).inputs.front().shape;
+  DataSplits data = open_dataset(
+      flags.data, requested, workload.classes > 0 ? workload.classes : kDefaultDataClasses,
+      workload.seed, DataOptions().skip_bad_samples(flags.skip_bad_samples));
+  if (!data.train->synthetic()) {
+    const std::string shape = format_shape(data.train->sample_shape());
+    if (!workload.inputs.empty() && requested != data.train->sample_shape()) {
+      throw Error(fmt::format("--input: {} has {} samples, not {}; leave --input out",
+                              flags.data, shape, workload.inputs.front()));
+    }
+    workload.inputs = {shape};
+    workload.classes = data.train->classes();
+  }
+  return data;
+}
+
+}  // namespace batchtune::cli
