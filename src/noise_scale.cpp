@@ -111,18 +111,17 @@ NoiseScaleEstimator& NoiseScaleTracker::estimator() {
   return estimator_;
 }
 
-at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Dataset& data,
-                                                const std::vector<int64_t>& indices,
+at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Batch& batch,
                                                 int64_t micro_batch_size, int64_t small_batch,
                                                 AmpMode amp, const LossScaler& scaler,
                                                 c10::Device device, NoiseScaleTracker& tracker,
                                                 double* data_seconds) {
-  const auto total = static_cast<int64_t>(indices.size());
+  const int64_t total = batch.size();
   TORCH_CHECK(small_batch >= 1 && small_batch < total,
               "accumulate_gradients_measuring_noise: the small batch must be in [1, ",
               total - 1, "], got ", small_batch);
-  const std::vector<int64_t> first(indices.begin(), indices.begin() + small_batch);
-  const std::vector<int64_t> rest(indices.begin() + small_batch, indices.end());
+  const Batch first = narrow_batch(batch, 0, small_batch);
+  const Batch rest = narrow_batch(batch, small_batch, total - small_batch);
   const std::vector<at::Tensor> parameters = workload.model().parameters();
   const auto defined_grads = [&] {
     std::vector<at::Tensor> grads;
@@ -135,8 +134,8 @@ at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Datase
   const double b = static_cast<double>(total);
 
   // First part alone: the gradients are its mean gradient (× the loss scale).
-  const at::Tensor first_loss = accumulate_gradients(workload, data, first, micro_batch_size, amp,
-                                                     scaler, device, data_seconds);
+  const at::Tensor first_loss = accumulate_gradients(workload, first, micro_batch_size, amp, scaler,
+                                                     device, data_seconds);
   at::Tensor small_sq = squared_gradient_norm(parameters);
   // Weigh it m/(b−m) against the rest's mean gradient, which the second call
   // adds with weight 1; scaling the sum by (b−m)/b then leaves
@@ -145,8 +144,8 @@ at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Datase
     std::vector<at::Tensor> grads = defined_grads();
     if (!grads.empty()) at::_foreach_mul_(grads, at::Scalar(m / (b - m)));
   }
-  const at::Tensor rest_loss = accumulate_gradients(workload, data, rest, micro_batch_size, amp,
-                                                    scaler, device, data_seconds);
+  const at::Tensor rest_loss = accumulate_gradients(workload, rest, micro_batch_size, amp, scaler,
+                                                    device, data_seconds);
   {
     std::vector<at::Tensor> grads = defined_grads();
     if (!grads.empty()) at::_foreach_mul_(grads, at::Scalar((b - m) / b));

@@ -86,8 +86,11 @@ at::Tensor accumulate_gradients(Workload& workload, const Batch& host_batch,
   for (int64_t begin = 0; begin < total; begin += micro_batch_size) {
     const int64_t end = std::min(total, begin + micro_batch_size);
     const auto fetch_start = Clock::now();
-    const Batch batch =
-        to_device(narrow_batch(host_batch, begin, end - begin), device, non_blocking);
+    // The whole batch as it is when there is no accumulation: no views to
+    // make on a hot, tiny step.
+    const Batch batch = to_device(end - begin == total ? host_batch
+                                                       : narrow_batch(host_batch, begin, end - begin),
+                                  device, non_blocking);
     if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
     at::Tensor loss;
     {
@@ -367,7 +370,10 @@ TrainSummary Trainer::run() {
     ++batch_in_epoch_;
     samples_ += plan_.global_batch_size;
     run_samples_ += plan_.global_batch_size;
-    window_loss_ = window_loss_.defined() ? window_loss_ + last_loss_tensor_ : last_loss_tensor_;
+    // Summed only where log lines read it: no op per step otherwise.
+    if (options_.log_every() > 0) {
+      window_loss_ = window_loss_.defined() ? window_loss_ + last_loss_tensor_ : last_loss_tensor_;
+    }
     ++window_steps_;
     // No synchronisation per step: the device keeps its queue. The clock is
     // settled (device work waited for) wherever time is read.

@@ -149,7 +149,7 @@ TEST(NoiseScale, MeasuringLeavesTheGradientsOfOneLogicalBatch) {
   measured.optimizer().zero_grad(true);
   NoiseScaleTracker tracker;
   const double measured_loss =
-      accumulate_gradients_measuring_noise(measured, *data, indices, 12, 12, AmpMode::kOff,
+      accumulate_gradients_measuring_noise(measured, data->get_batch(indices), 12, 12, AmpMode::kOff,
                                            scaler, cpu, tracker)
           .item<double>();
   EXPECT_NEAR(measured_loss, plain_loss, 1e-6);
@@ -169,10 +169,10 @@ TEST(NoiseScale, MeasuringLeavesTheGradientsOfOneLogicalBatch) {
 TEST(NoiseScale, TrainerLogsItAndPutsItInTheSummary) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{1} << 30);
   const auto data = toy_data(512, 2);
-  for (int64_t target : {32, 0}) {  // accumulation 4, and none (split every tenth step)
+  for (int64_t target : {32, 0}) {  // accumulation 4, and none (split every 50th step)
     Workload w = mlp();
     const Plan plan = make_plan(PlanOptions().micro_batch_size(8).target_batch(target));
-    Trainer trainer(w, *memory, plan, *data, nullptr, TrainOptions().steps(20).log_every(10));
+    Trainer trainer(w, *memory, plan, *data, nullptr, TrainOptions().steps(100).log_every(50));
     std::vector<std::optional<double>> logged;
     trainer.set_callback([&](const TrainEvent& e) {
       if (e.kind == TrainEvent::Kind::kLog) logged.push_back(e.noise_scale);
@@ -182,7 +182,7 @@ TEST(NoiseScale, TrainerLogsItAndPutsItInTheSummary) {
     EXPECT_TRUE(logged.back().has_value()) << "target batch " << target;
     ASSERT_TRUE(summary.noise_scale.has_value()) << "target batch " << target;
     EXPECT_GT(*summary.noise_scale, 0);
-    EXPECT_EQ(trainer.noise_scale().estimator().measurements(), target > 0 ? 20 : 2);
+    EXPECT_EQ(trainer.noise_scale().estimator().measurements(), target > 0 ? 100 : 2);
   }
   Workload off = mlp();
   Trainer trainer(off, *memory, make_plan(PlanOptions().micro_batch_size(8).target_batch(32)),

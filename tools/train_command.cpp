@@ -41,6 +41,7 @@ struct TrainFlags {
   int64_t checkpoint_every = 0;
   bool resume = false;
   bool memory_summary = false;
+  bool no_noise_scale = false;
   bool skip_bad_samples = false;
   std::string json;
 };
@@ -126,7 +127,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .progress_interval_s(kProgressIntervalS)
                       .checkpoint_dir(flags.checkpoint)
                       .checkpoint_every(flags.checkpoint_every)
-                      .resume(flags.resume));
+                      .resume(flags.resume)
+                      .measure_noise_scale(!flags.no_noise_scale));
   // Device utilization for the log lines: the mean over the last few seconds.
   Monitor monitor(make_sampler(resolved.memory->device()));
   const std::string device = resolved.memory->device().str();
@@ -189,6 +191,9 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint-every", flags->checkpoint_every,
                   "a checkpoint every N optimizer steps, and at the end");
   cmd->add_flag("--resume", flags->resume, "continue from the checkpoint in --checkpoint DIR");
+  cmd->add_flag("--no-noise-scale", flags->no_noise_scale,
+                "do not measure the gradient noise scale (without accumulation it splits one "
+                "step in 50 into two halves)");
   cmd->add_flag("--memory-summary", flags->memory_summary,
                 "print the device allocator's statistics at the end");
   cmd->add_option("--json", flags->json, "write the summary as JSON to FILE, or - for stdout");

@@ -13,6 +13,7 @@
 
 namespace batchtune {
 
+struct Batch;
 class Dataset;
 class DeviceMemory;
 class LossScaler;
@@ -29,8 +30,10 @@ constexpr double kDefaultNoiseScaleDecay = 0.95;
 constexpr size_t kMaxPendingNoiseMeasurements = 64;
 /// Without accumulation (nothing to compare for free), one optimizer step in
 /// this many runs its logical batch as two halves to measure the noise scale.
-/// Splitting costs a little speed on that step only.
-constexpr int64_t kNoiseScaleEveryWithoutAccumulation = 10;
+/// A split step of a small model costs about two steps (launch overheads,
+/// not FLOPs, dominate), so one in 10 slowed an MLP on Fashion-MNIST by
+/// ~10 %; one in 50 keeps it near 2 % (`bench/train_overhead`).
+constexpr int64_t kNoiseScaleEveryWithoutAccumulation = 50;
 
 struct NoiseScaleOptions {
   /// EMA decay of |G|² and tr(Σ), each before the ratio is taken.
@@ -128,15 +131,14 @@ class NoiseScaleTracker {
   std::vector<Pending> pending_;
 };
 
-/// `accumulate_gradients` (see trainer.h) over `indices`, measuring the
+/// `accumulate_gradients` (see trainer.h) over `batch`, measuring the
 /// noise scale on the way: the first `small_batch` samples are
 /// back-propagated first and the gradient's squared norm taken, then the
 /// rest; the gradients are rescaled around the second part so that they end
 /// exactly as one logical batch's mean gradient. Adds (small, |G_small|²,
 /// all, |G_big|²) to `tracker` once the whole batch succeeded; an
 /// out-of-memory propagates with nothing added.
-at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Dataset& data,
-                                                const std::vector<int64_t>& indices,
+at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Batch& batch,
                                                 int64_t micro_batch_size, int64_t small_batch,
                                                 AmpMode amp, const LossScaler& scaler,
                                                 c10::Device device, NoiseScaleTracker& tracker,
