@@ -12,6 +12,7 @@
 #include "batchtune/interrupt.h"
 #include "batchtune/monitor.h"
 #include "commands.h"
+#include "data_flags.h"
 #include "distributed_flags.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
@@ -22,10 +23,6 @@ namespace {
 // The log line's utilization: the mean over this many recent seconds.
 constexpr double kUtilizationWindowS = 5;
 
-// Synthetic training data without --input / --classes: the workload defaults.
-const std::vector<int64_t> kDefaultTrainInput{3, 64, 64};
-constexpr int64_t kDefaultTrainClasses = 10;
-
 /// How often the progress bar is redrawn on a terminal.
 constexpr double kProgressIntervalS = 0.25;
 
@@ -33,7 +30,7 @@ struct TrainFlags {
   WorkloadFlags workload;
   PlanFlags plan;
   DistributedFlags distributed;
-  std::string data = "synthetic";
+  DataFlags data;
   int64_t epochs = 1;
   int64_t steps = 0;
   int64_t log_every = 100;
@@ -42,7 +39,6 @@ struct TrainFlags {
   bool resume = false;
   bool memory_summary = false;
   bool no_noise_scale = false;
-  bool skip_bad_samples = false;
   std::string json;
 };
 
@@ -81,24 +77,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     throw Error("--input: train reads one float input per sample (images, Fashion-MNIST) for now; "
                 "token and multi-input specs work with probe and tune");
   }
-  const std::vector<int64_t> requested =
-      workload_flags.inputs.empty() ? kDefaultTrainInput
-                                    : parse_shape(workload_flags.inputs.front(), "--input");
-  DataSplits data = open_dataset(flags.data, requested,
-                                 workload_flags.classes > 0 ? workload_flags.classes
-                                                            : kDefaultTrainClasses,
-                                 workload_flags.seed,
-                                 DataOptions().skip_bad_samples(flags.skip_bad_samples));
-  if (flags.data != "synthetic") {
-    // The data decides the input shape and the classes.
-    const std::string shape = format_shape(data.train->sample_shape());
-    if (!workload_flags.inputs.empty() && requested != data.train->sample_shape()) {
-      throw Error(fmt::format("--input: {} has {} samples, not {}; leave --input out",
-                              flags.data, shape, workload_flags.inputs.front()));
-    }
-    workload_flags.inputs = {shape};
-    workload_flags.classes = data.train->classes();
-  }
+  // Real data decide the input shape and the classes.
+  const DataSplits data = open_data(flags.data, workload_flags);
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   Job job = join_job(flags.distributed, env, resolved.memory->device());
   DataParallel data_parallel(job.communicator.get());
@@ -176,12 +156,7 @@ CommandRun add_train_command(CLI::App& app) {
   add_workload_flags(*cmd, flags->workload);
   add_plan_flags(*cmd, flags->plan);
   add_distributed_flags(*cmd, flags->distributed);
-  cmd->add_option("--data", flags->data,
-                  "synthetic, fashion-mnist[:DIR] or imagefolder:DIR (one sub-folder per class, "
-                  "JPEG/PNG, made to --input's CxHxW)")
-      ->capture_default_str();
-  cmd->add_flag("--skip-bad-samples", flags->skip_bad_samples,
-                "skip unreadable image files with a warning (counted) instead of stopping");
+  add_data_flags(*cmd, flags->data);
   cmd->add_option("--epochs", flags->epochs, "passes over the training set")
       ->capture_default_str();
   cmd->add_option("--steps", flags->steps, "optimizer steps in all (instead of --epochs)");
