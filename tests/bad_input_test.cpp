@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_runner.h"
 
@@ -65,6 +67,10 @@ class BadInputFiles : public ::testing::TestWithParam<std::pair<const char*, con
     write_idx_dir("idx_truncated", header + std::string(100, '\0'));
     write_idx_dir("idx_wrong_magic", big_endian(1234) + std::string(2 * 784 + 12, '\0'));
     write_idx_dir("idx_empty", "");
+    ::mkdir((dir() + "/images_empty").c_str(), 0755);
+    ::mkdir((dir() + "/images_one_class").c_str(), 0755);
+    ::mkdir((dir() + "/images_one_class/cat").c_str(), 0755);
+    write("images_one_class/cat/a.jpg", "not a jpeg");
   }
 };
 
@@ -115,6 +121,72 @@ INSTANTIATE_TEST_SUITE_P(
         std::pair{"train --batch-size 2 --data imagenet --device cpu --steps 1 --model mlp",
                   "--data"},
         std::pair{"train --plan {dir}/plan_missing_field.json --device cpu --steps 1 --model mlp",
-                  "plan_missing_field.json"}));
+                  "plan_missing_field.json"},
+        std::pair{"train --batch-size 2 --data imagefolder:{dir}/no_such_dir --input 3x8x8 "
+                  "--device cpu --steps 1 --model mlp",
+                  "no_such_dir"},
+        std::pair{"train --batch-size 2 --data imagefolder:{dir}/images_empty --input 3x8x8 "
+                  "--device cpu --steps 1 --model mlp",
+                  "images_empty"},
+        std::pair{"train --batch-size 2 --data imagefolder:{dir}/images_one_class --input 3x8x8 "
+                  "--device cpu --steps 1 --model mlp",
+                  "images_one_class"}));
+
+// A corrupt image is found when a batch decodes it, after the run has begun
+// (and printed its plan): the error is still one line naming the file, the
+// exit code 2, and no summary is written.
+TEST(BadInputData, ACorruptImageStopsTrainingNamingTheFile) {
+  ::mkdir(dir().c_str(), 0755);
+  ::mkdir((dir() + "/images_corrupt").c_str(), 0755);
+  for (const char* c : {"/images_corrupt/cat", "/images_corrupt/dog"}) {
+    ::mkdir((dir() + c).c_str(), 0755);
+  }
+  write("images_corrupt/cat/broken.jpg", "\xff\xd8\xff not really a jpeg");
+  write("images_corrupt/dog/broken.png", "\x89PNG\r\n\x1a\n truncated");
+  const std::string json = dir() + "/corrupt.json";
+  std::remove(json.c_str());
+  const auto r = run_cli("train --batch-size 2 --data imagefolder:" + dir() +
+                         "/images_corrupt --input 3x8x8 --device cpu --steps 1 --model mlp "
+                         "--amp off --json " + json);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string last = r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("batchtune: ", 0), 0U) << r.output;
+  EXPECT_NE(last.find("broken."), std::string::npos) << r.output;
+  struct stat st {};
+  EXPECT_NE(::stat(json.c_str(), &st), 0) << "a failed run wrote " << json;
+}
+
+/// torchrun's environment, wrong: each variable must be named.
+struct BadEnvironment {
+  std::vector<std::pair<const char*, const char*>> variables;
+  const char* named;
+};
+
+class BadDistributedEnvironment : public ::testing::TestWithParam<BadEnvironment> {};
+
+TEST_P(BadDistributedEnvironment, ExitsTwoNamingTheVariable) {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  for (const char* name : names) ::unsetenv(name);
+  for (const auto& [name, value] : GetParam().variables) ::setenv(name, value, 1);
+  const auto r = run_cli("train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 1 "
+                         "--amp off --timeout 5");
+  for (const char* name : names) ::unsetenv(name);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(GetParam().named), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Torchrun, BadDistributedEnvironment,
+    ::testing::Values(
+        BadEnvironment{{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}},
+                       "MASTER_PORT"},
+        BadEnvironment{{{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", "29511"}},
+                       "RANK"},
+        BadEnvironment{{{"WORLD_SIZE", "two"}, {"RANK", "0"}}, "WORLD_SIZE"},
+        BadEnvironment{{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", "99999"}},
+                       "MASTER_PORT"}));
 
 }  // namespace
