@@ -94,6 +94,17 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
       memory_.synchronize();
       const auto end = std::chrono::steady_clock::now();
       ++result.steps_run;
+      if (i == 0) {
+        // A loss that is not finite from the first step is a broken workload,
+        // not a size limit: stop the search rather than bound it.
+        const double first = loss.item<double>();
+        if (!std::isfinite(first)) {
+          throw Error(fmt::format(
+              "trial at batch {}: the loss is {} after the first step; this is not a size "
+              "limit — check the model, the input spec and --lr",
+              options.batch_size(), first));
+        }
+      }
       if (i >= options.warmup_steps()) {
         result.step_seconds.push_back(std::chrono::duration<double>(end - start).count());
         result.wait_seconds.push_back(std::chrono::duration<double>(ready - start).count());

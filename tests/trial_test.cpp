@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "batchtune/budget_allocator.h"
 #include "batchtune/device_memory.h"
 #include "batchtune/error.h"
@@ -169,6 +171,26 @@ TEST(TrialRunner, BatchNormAtBatchOneDoesNotRunAndIsNoError) {
   EXPECT_NE(r.error.find("value per channel"), std::string::npos) << r.error;
   expect_identical(workload.model().parameters(), params);
   EXPECT_TRUE(runner.run(TrialOptions().batch_size(2)).fits);
+}
+
+TEST(TrialRunner, ANonFiniteLossIsAnErrorNotASizeLimit) {
+  Fixture f("convnet");
+  const auto params = copies(f.workload.model().parameters());
+  TrialRunner runner(f.workload, *f.memory);
+  const auto nan_batch = [&](int64_t size) {
+    Batch b = f.workload.synthetic_batch(size);
+    b.inputs[0].fill_(std::numeric_limits<float>::quiet_NaN());
+    return b;
+  };
+  try {
+    runner.run(TrialOptions().batch_size(4).batch_source(nan_batch));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a size limit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch 4"), std::string::npos) << e.what();
+  }
+  expect_identical(f.workload.model().parameters(), params);
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(4)).fits);
 }
 
 }  // namespace
