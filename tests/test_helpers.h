@@ -5,12 +5,32 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "batchtune/dataset.h"
 #include "batchtune/error.h"
 
 namespace batchtune::testing {
+
+/// A learnable toy problem: labels are the argmax of a fixed linear map of
+/// the inputs, so a few steps of training beat chance.
+inline std::unique_ptr<TensorDataset> toy_data(std::vector<int64_t> shape, int64_t samples,
+                                               int64_t classes, uint64_t seed) {
+  auto map_generator = at::make_generator<at::CPUGeneratorImpl>(99);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> sizes{samples};
+  sizes.insert(sizes.end(), shape.begin(), shape.end());
+  int64_t features = 1;
+  for (int64_t d : shape) features *= d;
+  const at::Tensor map = at::randn({features, classes}, map_generator);  // one problem
+  const at::Tensor inputs = at::randn(sizes, generator);
+  const at::Tensor targets = inputs.reshape({samples, -1}).matmul(map).argmax(1);
+  return std::make_unique<TensorDataset>("toy", inputs, targets, classes);
+}
 
 /// Detached clones: a snapshot to compare against later.
 inline std::vector<torch::Tensor> copies(const std::vector<torch::Tensor>& tensors) {

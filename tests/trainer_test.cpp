@@ -12,27 +12,14 @@
 #include "batchtune/error.h"
 #include "batchtune/interrupt.h"
 #include "batchtune/workload.h"
+#include "test_helpers.h"
 
 namespace batchtune {
 namespace {
 
 constexpr int64_t kMemoryLimit = int64_t{1} << 30;
 
-/// A learnable toy problem: labels are the argmax of a fixed linear map of
-/// the inputs, so a few steps of training beat chance.
-std::unique_ptr<TensorDataset> toy_data(std::vector<int64_t> shape, int64_t samples,
-                                        int64_t classes, uint64_t seed) {
-  auto map_generator = at::make_generator<at::CPUGeneratorImpl>(99);
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  std::vector<int64_t> sizes{samples};
-  sizes.insert(sizes.end(), shape.begin(), shape.end());
-  int64_t features = 1;
-  for (int64_t d : shape) features *= d;
-  const at::Tensor map = at::randn({features, classes}, map_generator);  // one problem
-  const at::Tensor inputs = at::randn(sizes, generator);
-  const at::Tensor targets = inputs.reshape({samples, -1}).matmul(map).argmax(1);
-  return std::make_unique<TensorDataset>("toy", inputs, targets, classes);
-}
+using testing::toy_data;
 
 Workload make_workload(const std::string& model, std::vector<int64_t> shape, int64_t classes) {
   return Workload(WorkloadOptions().model(model).input_shape(shape).classes(classes).seed(7));
