@@ -17,9 +17,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/datasets/fashion_mnist.h"
-#include "batchtune/model.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/data/fashion_mnist.h"
+#include "batchtune/models/model.h"
 
 int main(int argc, char** argv) {
   if (argc < 5) {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/input_spec.h"
-#include "batchtune/shape.h"
-#include "batchtune/workload.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/step/workload.h"
 
 namespace batchtune::bench {
 

@@ -8,12 +8,12 @@
 
 #include <vector>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/environment.h"
-#include "batchtune/shape.h"
-#include "batchtune/trial.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/step/workload.h"
 
 namespace {
 

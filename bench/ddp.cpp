@@ -17,14 +17,14 @@
 #include <sstream>
 #include <thread>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/dataset.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/distributed.h"
-#include "batchtune/environment.h"
-#include "batchtune/launch.h"
-#include "batchtune/trainer.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/distributed/distributed.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/distributed/launch.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/step/workload.h"
 
 namespace {
 

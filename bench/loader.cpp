@@ -18,15 +18,15 @@
 #include <random>
 #include <thread>
 
-#include "batchtune/datasets/image_folder.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/environment.h"
-#include "batchtune/loader.h"
-#include "batchtune/loader_tuning.h"
-#include "batchtune/trainer.h"
-#include "batchtune/trial.h"
-#include "batchtune/workload.h"
-#include "image_codec.h"
+#include "batchtune/data/image_folder.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/data/loader.h"
+#include "batchtune/tuning/loader_tuning.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/step/workload.h"
+#include "data/image_codec.h"
 
 namespace {
 

@@ -12,15 +12,15 @@
 #include <cstring>
 #include <vector>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/environment.h"
-#include "batchtune/input_spec.h"
-#include "batchtune/search.h"
-#include "batchtune/shape.h"
-#include "batchtune/size.h"
-#include "batchtune/sweep.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/tuning/search.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/common/size.h"
+#include "batchtune/tuning/sweep.h"
+#include "batchtune/step/workload.h"
 #include "bench_workloads.h"
 
 namespace {

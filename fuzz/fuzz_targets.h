@@ -12,12 +12,12 @@
 #include <string>
 #include <string_view>
 
-#include "batchtune/datasets/idx_file.h"
-#include "batchtune/error.h"
-#include "batchtune/input_spec.h"
-#include "batchtune/plan.h"
-#include "batchtune/shape.h"
-#include "batchtune/size.h"
+#include "batchtune/data/idx_file.h"
+#include "batchtune/common/error.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/common/size.h"
 
 namespace batchtune::fuzz {
 

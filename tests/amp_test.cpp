@@ -1,10 +1,10 @@
-#include "batchtune/amp.h"
+#include "batchtune/step/amp.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune {
 namespace {

@@ -1,4 +1,4 @@
-#include "batchtune/budget_allocator.h"
+#include "batchtune/memory/budget_allocator.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>

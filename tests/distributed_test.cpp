@@ -1,7 +1,7 @@
 // Data parallel over c10d: two local ranks on Gloo (loopback). The test
 // binary starts itself twice through batchtune::launch, each copy running
 // one `DistributedWorker` case as a rank; the parent checks their files.
-#include "batchtune/distributed.h"
+#include "batchtune/distributed/distributed.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -17,14 +17,14 @@
 #include <set>
 #include <sstream>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/data_parallel.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/launch.h"
-#include "batchtune/train_reporter.h"
-#include "batchtune/trainer.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/distributed/data_parallel.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/distributed/launch.h"
+#include "batchtune/reports/train_reporter.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/step/workload.h"
 #include "cli_runner.h"
 #include "test_helpers.h"
 

@@ -1,11 +1,11 @@
-#include "batchtune/energy.h"
+#include "batchtune/monitoring/energy.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include "cli_runner.h"
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 #include "fake_sampler.h"
 #include "test_helpers.h"
 

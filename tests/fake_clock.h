@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-#include "batchtune/clock.h"
+#include "batchtune/common/clock.h"
 
 namespace batchtune::testing {
 

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "batchtune/sampler.h"
+#include "batchtune/monitoring/sampler.h"
 
 namespace batchtune::testing {
 

@@ -1,4 +1,4 @@
-#include "batchtune/datasets/fashion_mnist.h"
+#include "batchtune/data/fashion_mnist.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune {
 namespace {

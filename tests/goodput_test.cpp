@@ -1,4 +1,4 @@
-#include "batchtune/goodput.h"
+#include "batchtune/tuning/goodput.h"
 
 #include <gtest/gtest.h>
 

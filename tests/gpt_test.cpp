@@ -1,10 +1,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/trial.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/step/workload.h"
 
 namespace {
 

@@ -1,10 +1,10 @@
-#include "batchtune/datasets/idx_file.h"
+#include "batchtune/data/idx_file.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune {
 namespace {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "image_codec.h"
+#include "data/image_codec.h"
 
 /// Skips a test that writes image files in a build without libturbojpeg/stb.
 #define BATCHTUNE_REQUIRE_IMAGES()                                                  \

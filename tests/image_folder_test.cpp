@@ -5,8 +5,8 @@
 
 #include <fstream>
 
-#include "batchtune/datasets/image_folder.h"
-#include "batchtune/error.h"
+#include "batchtune/data/image_folder.h"
+#include "batchtune/common/error.h"
 #include "image_folder_fixture.h"
 
 namespace {

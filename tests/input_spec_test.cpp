@@ -1,10 +1,10 @@
-#include "batchtune/input_spec.h"
+#include "batchtune/data/input_spec.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 #include "test_helpers.h"
 
 namespace {

@@ -1,4 +1,4 @@
-#include "batchtune/interrupt.h"
+#include "batchtune/common/interrupt.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -11,9 +11,9 @@
 #include <set>
 #include <thread>
 
-#include "batchtune/datasets/image_folder.h"
-#include "batchtune/error.h"
-#include "batchtune/loader.h"
+#include "batchtune/data/image_folder.h"
+#include "batchtune/common/error.h"
+#include "batchtune/data/loader.h"
 #include "image_folder_fixture.h"
 
 namespace {
@@ -194,9 +194,9 @@ TEST(Loader, BadOptionsAreErrors) {
 
 }  // namespace
 
-#include "batchtune/device_memory.h"
-#include "batchtune/trainer.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/step/workload.h"
 
 namespace {
 

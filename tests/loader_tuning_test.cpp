@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "batchtune/loader_tuning.h"
+#include "batchtune/tuning/loader_tuning.h"
 #include "cli_runner.h"
 #include "image_folder_fixture.h"
 

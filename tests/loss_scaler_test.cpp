@@ -1,4 +1,4 @@
-#include "batchtune/loss_scaler.h"
+#include "batchtune/step/loss_scaler.h"
 
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>

@@ -1,4 +1,4 @@
-#include "batchtune/monitor.h"
+#include "batchtune/monitoring/monitor.h"
 
 #include <dirent.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "batchtune/noise_scale.h"
+#include "batchtune/training/noise_scale.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -6,11 +6,11 @@
 
 #include <cmath>
 
-#include "batchtune/dataset.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/loss_scaler.h"
-#include "batchtune/trainer.h"
-#include "batchtune/workload.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/loss_scaler.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/step/workload.h"
 #include "test_helpers.h"
 
 namespace batchtune {

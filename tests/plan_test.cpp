@@ -1,4 +1,4 @@
-#include "batchtune/plan.h"
+#include "batchtune/plan/plan.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <fstream>
 #include <string>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune {
 namespace {

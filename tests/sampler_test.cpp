@@ -1,4 +1,4 @@
-#include "batchtune/sampler.h"
+#include "batchtune/monitoring/sampler.h"
 
 #include <gtest/gtest.h>
 #include <time.h>
@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "batchtune/environment.h"
-#include "batchtune/error.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/common/error.h"
 #include "fake_clock.h"
-#include "shared_library.h"
+#include "common/shared_library.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "batchtune/script_model.h"
+#include "batchtune/models/script_model.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/trial.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/step/workload.h"
 #include "test_helpers.h"
 #include "cli_runner.h"
 

@@ -1,4 +1,4 @@
-#include "batchtune/search.h"
+#include "batchtune/tuning/search.h"
 
 #include <gtest/gtest.h>
 
@@ -6,10 +6,10 @@
 #include <functional>
 #include <random>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/step/workload.h"
 #include "fake_clock.h"
 
 namespace {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "batchtune/error.h"
-#include "batchtune/shape.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/shape.h"
 
 using batchtune::parse_shape;
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "batchtune/error.h"
-#include "batchtune/size.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/size.h"
 
 using batchtune::format_bytes;
 using batchtune::parse_size;

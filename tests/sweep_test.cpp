@@ -1,8 +1,8 @@
-#include "batchtune/sweep.h"
+#include "batchtune/tuning/sweep.h"
 
 #include <gtest/gtest.h>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace {
 

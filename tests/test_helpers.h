@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/dataset.h"
-#include "batchtune/error.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune::testing {
 

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include "batchtune/budget_allocator.h"
+#include "batchtune/memory/budget_allocator.h"
 
 namespace {
 

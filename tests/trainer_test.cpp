@@ -1,4 +1,4 @@
-#include "batchtune/trainer.h"
+#include "batchtune/training/trainer.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <string>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/interrupt.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/step/workload.h"
 #include "test_helpers.h"
 
 namespace batchtune {

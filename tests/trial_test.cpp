@@ -1,14 +1,14 @@
-#include "batchtune/trial.h"
+#include "batchtune/step/trial.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <limits>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/device_memory.h"
-#include "batchtune/error.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/step/workload.h"
 #include "test_helpers.h"
 
 namespace {

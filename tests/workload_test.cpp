@@ -1,9 +1,9 @@
-#include "batchtune/workload.h"
+#include "batchtune/step/workload.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace {
 

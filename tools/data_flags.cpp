@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include "batchtune/error.h"
-#include "batchtune/input_spec.h"
-#include "batchtune/shape.h"
+#include "batchtune/common/error.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/common/shape.h"
 
 namespace batchtune::cli {
 

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "batchtune/dataset.h"
+#include "batchtune/data/dataset.h"
 #include "workload_flags.h"
 
 namespace batchtune::cli {

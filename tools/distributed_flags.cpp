@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "batchtune/environment.h"
-#include "batchtune/error.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune::cli {
 

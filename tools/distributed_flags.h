@@ -8,7 +8,7 @@
 #include <memory>
 #include <ostream>
 
-#include "batchtune/distributed.h"
+#include "batchtune/distributed/distributed.h"
 #include "workload_flags.h"
 
 namespace batchtune::cli {

@@ -1,8 +1,8 @@
 #include <iostream>
 
-#include "batchtune/console_reporter.h"
-#include "batchtune/environment.h"
-#include "batchtune/json_reporter.h"
+#include "batchtune/reports/console_reporter.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/reports/json_reporter.h"
 #include "commands.h"
 
 namespace batchtune::cli {

@@ -5,8 +5,8 @@
 
 #include <iostream>
 
-#include "batchtune/error.h"
-#include "batchtune/launch.h"
+#include "batchtune/common/error.h"
+#include "batchtune/distributed/launch.h"
 #include "commands.h"
 
 namespace batchtune::cli {

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <iostream>
 
-#include "batchtune/budget_allocator.h"
-#include "batchtune/error.h"
-#include "batchtune/interrupt.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "commands.h"
 
 namespace {

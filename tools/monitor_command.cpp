@@ -3,10 +3,10 @@
 #include <iostream>
 #include <mutex>
 
-#include "batchtune/console_reporter.h"
-#include "batchtune/error.h"
-#include "batchtune/json_reporter.h"
-#include "batchtune/monitor.h"
+#include "batchtune/reports/console_reporter.h"
+#include "batchtune/common/error.h"
+#include "batchtune/reports/json_reporter.h"
+#include "batchtune/monitoring/monitor.h"
 #include "commands.h"
 
 namespace batchtune::cli {

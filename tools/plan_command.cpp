@@ -1,7 +1,7 @@
 #include <iostream>
 
-#include "batchtune/error.h"
-#include "batchtune/train_reporter.h"
+#include "batchtune/common/error.h"
+#include "batchtune/reports/train_reporter.h"
 #include "commands.h"
 #include "plan_flags.h"
 #include "workload_flags.h"

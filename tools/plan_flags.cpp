@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "batchtune/amp.h"
-#include "batchtune/error.h"
-#include "batchtune/loader_tuning.h"
-#include "batchtune/quick_tune.h"
+#include "batchtune/step/amp.h"
+#include "batchtune/common/error.h"
+#include "batchtune/tuning/loader_tuning.h"
+#include "batchtune/tuning/quick_tune.h"
 
 namespace batchtune::cli {
 

@@ -8,10 +8,10 @@
 #include <functional>
 #include <string>
 
-#include "batchtune/device_memory.h"
-#include "batchtune/plan.h"
-#include "batchtune/search.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/tuning/search.h"
+#include "batchtune/step/workload.h"
 
 namespace batchtune::cli {
 

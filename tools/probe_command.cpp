@@ -2,10 +2,10 @@
 
 #include <iostream>
 
-#include "batchtune/console_reporter.h"
-#include "batchtune/error.h"
-#include "batchtune/json_reporter.h"
-#include "batchtune/trial.h"
+#include "batchtune/reports/console_reporter.h"
+#include "batchtune/common/error.h"
+#include "batchtune/reports/json_reporter.h"
+#include "batchtune/step/trial.h"
 #include "commands.h"
 #include "workload_flags.h"
 

@@ -3,14 +3,14 @@
 
 #include <iostream>
 
-#include "batchtune/dataset.h"
-#include "batchtune/error.h"
-#include "batchtune/loader_tuning.h"
-#include "batchtune/shape.h"
-#include "batchtune/train_reporter.h"
-#include "batchtune/trainer.h"
-#include "batchtune/interrupt.h"
-#include "batchtune/monitor.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/common/error.h"
+#include "batchtune/tuning/loader_tuning.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/reports/train_reporter.h"
+#include "batchtune/training/trainer.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/monitoring/monitor.h"
 #include "commands.h"
 #include "data_flags.h"
 #include "distributed_flags.h"

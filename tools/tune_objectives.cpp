@@ -7,9 +7,9 @@
 #include <cmath>
 #include <limits>
 
-#include "batchtune/error.h"
-#include "batchtune/goodput.h"
-#include "batchtune/shape.h"
+#include "batchtune/common/error.h"
+#include "batchtune/tuning/goodput.h"
+#include "batchtune/common/shape.h"
 
 namespace batchtune::cli {
 

@@ -10,10 +10,10 @@
 #include <ostream>
 #include <string>
 
-#include "batchtune/dataset.h"
-#include "batchtune/energy.h"
-#include "batchtune/noise_scale.h"
-#include "batchtune/tune_report.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/monitoring/energy.h"
+#include "batchtune/training/noise_scale.h"
+#include "batchtune/reports/tune_report.h"
 #include "plan_flags.h"
 #include "workload_flags.h"
 

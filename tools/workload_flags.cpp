@@ -5,12 +5,12 @@
 
 #include <iostream>
 
-#include "batchtune/atomic_file.h"
-#include "batchtune/environment.h"
-#include "batchtune/error.h"
-#include "batchtune/model.h"
-#include "batchtune/shape.h"
-#include "batchtune/size.h"
+#include "batchtune/common/atomic_file.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/common/error.h"
+#include "batchtune/models/model.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/common/size.h"
 
 namespace batchtune::cli {
 

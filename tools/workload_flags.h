@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "batchtune/device_memory.h"
-#include "batchtune/workload.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/workload.h"
 
 namespace batchtune::cli {
 

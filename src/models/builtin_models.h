@@ -9,7 +9,7 @@
 #include <functional>
 #include <memory>
 
-#include "batchtune/model.h"
+#include "batchtune/models/model.h"
 
 namespace batchtune::models {
 

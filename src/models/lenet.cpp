@@ -5,8 +5,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
-#include "batchtune/error.h"
-#include "builtin_models.h"
+#include "batchtune/common/error.h"
+#include "models/builtin_models.h"
 
 namespace batchtune::models {
 

@@ -2,7 +2,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include "builtin_models.h"
+#include "models/builtin_models.h"
 
 namespace batchtune::models {
 

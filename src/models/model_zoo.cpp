@@ -7,12 +7,12 @@
 
 #include <functional>
 
-#include "batchtune/error.h"
-#include "batchtune/model.h"
-#include "batchtune/module_model.h"
-#include "batchtune/script_model.h"
-#include "batchtune/shape.h"
-#include "builtin_models.h"
+#include "batchtune/common/error.h"
+#include "batchtune/models/model.h"
+#include "batchtune/models/module_model.h"
+#include "batchtune/models/script_model.h"
+#include "batchtune/common/shape.h"
+#include "models/builtin_models.h"
 
 namespace batchtune {
 namespace {

@@ -1,8 +1,8 @@
-#include "batchtune/module_model.h"
+#include "batchtune/models/module_model.h"
 
 #include <fmt/format.h>
 
-#include "batchtune/error.h"
+#include "batchtune/common/error.h"
 
 namespace batchtune {
 

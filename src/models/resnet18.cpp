@@ -6,7 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
-#include "builtin_models.h"
+#include "models/builtin_models.h"
 
 namespace batchtune::models {
 namespace {

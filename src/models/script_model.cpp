@@ -1,5 +1,5 @@
 // A TorchScript module loaded from a file, seen as a batchtune Model.
-#include "batchtune/script_model.h"
+#include "batchtune/models/script_model.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -10,8 +10,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "batchtune/error.h"
-#include "batchtune/input_spec.h"
+#include "batchtune/common/error.h"
+#include "batchtune/data/input_spec.h"
 
 namespace batchtune {
 namespace {

@@ -1,0 +1,128 @@
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "batchtune/step/amp.h"
+
+namespace batchtune {
+
+/// How the learning rate follows the global batch: `lr = base_lr × f(global
+/// / base_batch)` with f the identity (`linear`, Goyal et al. 2017, for SGD),
+/// the square root (`sqrt`, for the Adam family, whose update is already
+/// normalised per parameter) or 1 (`none`).
+enum class LrScaling { kLinear, kSqrt, kNone };
+
+std::string lr_scaling_name(LrScaling scaling);
+/// Parses `linear|sqrt|none`; throws `batchtune::Error` naming `what`.
+LrScaling parse_lr_scaling(const std::string& text, const std::string& what = "--lr-scaling");
+/// The default for an optimizer: linear for `sgd`, sqrt for `adam`/`adamw`.
+LrScaling default_lr_scaling(const std::string& optimizer);
+
+/// The warm-up rule: `kWarmupStepsPerLrDoubling` optimizer steps for every
+/// doubling of the learning rate over the base one, none when it is not
+/// raised. Larger scale factors, which are less stable early, warm up longer.
+constexpr int64_t kWarmupStepsPerLrDoubling = 20;
+
+/// Defaults of the input pipeline until the input-pipeline work lands: data
+/// are gathered on the training thread from memory, so no workers; batches
+/// prefetched two ahead, as PyTorch's DataLoader does per worker.
+constexpr int64_t kDefaultWorkers = 0;
+constexpr int64_t kDefaultPrefetch = 2;
+
+/// How to train: the batch sizes, learning rate and precision that move
+/// together. `batchtune tune` ends with one; `batchtune plan` and
+/// `batchtune train --plan FILE` read it. JSON field names are stable.
+struct Plan {
+  int64_t micro_batch_size = 1;   ///< samples per forward/backward
+  int64_t accumulation_steps = 1; ///< micro-batches per optimizer step
+  int64_t world_size = 1;         ///< processes training together
+  int64_t global_batch_size = 1;  ///< micro × accumulation × world size
+  double lr = 1e-3;               ///< learning rate after warm-up
+  LrScaling lr_scaling = LrScaling::kSqrt;
+  int64_t warmup_steps = 0;       ///< optimizer steps of linear warm-up
+  AmpMode amp = AmpMode::kOff;    ///< never kAuto
+  int64_t workers = kDefaultWorkers;
+  bool pin_memory = false;
+  int64_t prefetch = kDefaultPrefetch;
+  /// One plain sentence per choice, saying why.
+  std::vector<std::string> reasons;
+};
+
+/// What a plan is made from.
+///
+/// Example:
+/// ```
+///   auto plan = batchtune::make_plan(batchtune::PlanOptions()
+///                                        .micro_batch_size(64)
+///                                        .target_batch(512)
+///                                        .optimizer("sgd")
+///                                        .base_lr(0.1)
+///                                        .base_batch(256));
+///   // accumulation 8, global 512, lr 0.2 (linear), warm-up 20 steps
+/// ```
+struct PlanOptions {
+  /// The micro-batch: from a tune, or `--batch-size`. Required (≥ 1).
+  TORCH_ARG(int64_t, micro_batch_size) = 0;
+  /// Logical batch to reach by accumulation; 0 for none (global = micro ×
+  /// world size). When not a multiple, the nearest reachable one is taken.
+  TORCH_ARG(int64_t, target_batch) = 0;
+  TORCH_ARG(int64_t, world_size) = 1;
+  /// The learning rate known to work at `base_batch`.
+  TORCH_ARG(double, base_lr) = 1e-3;
+  /// The batch `base_lr` belongs to; 0 for the micro-batch × world size
+  /// (the lr given is the one for training without accumulation).
+  TORCH_ARG(int64_t, base_batch) = 0;
+  /// Picks the default `lr_scaling`.
+  TORCH_ARG(std::string, optimizer) = "adam";
+  /// `linear`, `sqrt`, `none`, or empty for the optimizer's default.
+  TORCH_ARG(std::string, lr_scaling) = "";
+  /// Warm-up steps; negative for the rule (`kWarmupStepsPerLrDoubling`).
+  TORCH_ARG(int64_t, warmup_steps) = -1;
+  /// Resolved mixed precision (see `choose_amp`) and why it was chosen.
+  TORCH_ARG(AmpMode, amp) = AmpMode::kOff;
+  TORCH_ARG(std::string, amp_reason) = "";
+  TORCH_ARG(int64_t, workers) = kDefaultWorkers;
+  TORCH_ARG(bool, pin_memory) = false;
+  TORCH_ARG(int64_t, prefetch) = kDefaultPrefetch;
+};
+
+/// Makes a plan, with a reason for each choice. Throws `batchtune::Error`
+/// naming the flag for a value out of range.
+Plan make_plan(const PlanOptions& options);
+
+/// The scaled learning rate: `base_lr × f(global_batch / base_batch)`.
+double scale_lr(double base_lr, int64_t base_batch, int64_t global_batch, LrScaling scaling);
+
+/// Warm-up steps of the rule for a learning rate raised by `lr_factor`.
+int64_t warmup_rule(double lr_factor);
+
+/// The learning-rate schedule: linear warm-up from `lr / warmup_steps` to
+/// `lr` over the first `warmup_steps` optimizer steps, then constant.
+/// `step` counts optimizer steps from 0.
+///
+/// Example:
+/// ```
+///   scheduled_lr(0.4, 4, 0);   // 0.1
+///   scheduled_lr(0.4, 4, 3);   // 0.4
+///   scheduled_lr(0.4, 4, 99);  // 0.4
+/// ```
+double scheduled_lr(double lr, int64_t warmup_steps, int64_t step);
+
+/// The plan as JSON, with exactly the fields of `Plan` (and `reasons`).
+nlohmann::json to_json(const Plan& plan);
+/// Reads a plan from JSON: a plan object, or an object with a `plan` field
+/// (as `batchtune tune --json` writes). Every field is checked; a bad one
+/// throws `batchtune::Error` as "`source`: field `name`: what is wrong".
+Plan plan_from_json(const nlohmann::json& json, const std::string& source);
+/// `plan_from_json` over JSON text; text that is not JSON throws
+/// `batchtune::Error` naming `source`.
+Plan parse_plan_json(const std::string& text, const std::string& source);
+/// Reads a plan file; errors name the file and the field.
+Plan read_plan_file(const std::string& path);
+
+}  // namespace batchtune

@@ -1,0 +1,178 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "batchtune/step/amp.h"
+
+namespace batchtune {
+
+struct Batch;
+class Dataset;
+class DeviceMemory;
+class LossScaler;
+class Workload;
+
+/// Weight of the past in the moving averages of the two estimates: about the
+/// last 1 / (1 − 0.95) = 20 measurements count. Single measurements of
+/// |G_small|² − |G_big|² are noisy (McCandlish et al. smooth them too); a
+/// longer memory would lag behind a noise scale that grows as training goes.
+constexpr double kDefaultNoiseScaleDecay = 0.95;
+/// Measurements the tracker keeps as device scalars before it reads them
+/// all in one copy: a synchronisation per this many steps at most, and a
+/// bounded queue when nothing asks for the noise scale for a long time.
+constexpr size_t kMaxPendingNoiseMeasurements = 64;
+/// Without accumulation (nothing to compare for free), one optimizer step in
+/// this many runs its logical batch as two halves to measure the noise scale.
+/// A split step of a small model costs about two steps (launch overheads,
+/// not FLOPs, dominate), so one in 10 slowed an MLP on Fashion-MNIST by
+/// ~10 %; one in 50 keeps it near 2 % (`bench/train_overhead`).
+constexpr int64_t kNoiseScaleEveryWithoutAccumulation = 50;
+
+struct NoiseScaleOptions {
+  /// EMA decay of |G|² and tr(Σ), each before the ratio is taken.
+  TORCH_ARG(double, decay) = kDefaultNoiseScaleDecay;
+};
+
+/// The gradient noise scale B_simple = tr(Σ) / |G|² (McCandlish et al. 2018,
+/// "An Empirical Model of Large-Batch Training", appendix A.1): Σ the
+/// per-sample gradient covariance, G the true gradient. It is estimated from
+/// the squared norms of mean gradients measured at two batch sizes on the
+/// same parameters, with the unbiased estimators
+///
+///   |G|²  ≈ (B_big·|G_big|² − B_small·|G_small|²) / (B_big − B_small)
+///   tr(Σ) ≈ (|G_small|² − |G_big|²) / (1/B_small − 1/B_big)
+///
+/// each smoothed by an exponential moving average (bias-corrected as Adam
+/// does) before the ratio is taken. The two sizes come from wherever two
+/// gradients of the same step exist: a micro-batch against its logical batch
+/// (gradient accumulation), one rank's gradient against the all-reduced one
+/// (data parallelism: B_small = the local batch, B_big = the global batch), or
+/// a logical batch split in two for the purpose.
+///
+/// Example:
+/// ```
+///   batchtune::NoiseScaleEstimator noise;
+///   noise.add(32, small_sq_norm, 128, big_sq_norm);  // every step
+///   if (auto b = noise.noise_scale()) std::cout << "B_noise " << *b;
+/// ```
+class NoiseScaleEstimator {
+ public:
+  explicit NoiseScaleEstimator(NoiseScaleOptions options = {});
+
+  /// One measurement: |G_small|² at batch `small_batch` and |G_big|² at
+  /// `big_batch` (> `small_batch`), both mean gradients. Non-finite norms
+  /// (an fp16 overflow) are ignored.
+  void add(double small_batch, double small_sq_norm, double big_batch, double big_sq_norm);
+
+  /// B_simple, in samples; nullopt before the first measurement, or while
+  /// the smoothed |G|² is not positive (no signal distinguishable from the
+  /// noise yet, so the noise scale is unbounded).
+  std::optional<double> noise_scale() const;
+  /// The smoothed estimates themselves; nullopt before the first measurement.
+  std::optional<double> gradient_sq_norm() const;
+  std::optional<double> trace_covariance() const;
+  int64_t measurements() const { return measurements_; }
+
+ private:
+  NoiseScaleOptions options_;
+  double ema_gradient_sq_ = 0;
+  double ema_trace_ = 0;
+  double decay_power_ = 1;  // decay^measurements, for the bias correction
+  int64_t measurements_ = 0;
+};
+
+/// The squared L2 norm of all gradients of `parameters` together, as a float
+/// scalar on their device (no synchronisation). Parameters without a
+/// gradient count as zero.
+at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters);
+
+/// The noise-scale estimator as the training loop feeds it: measurements
+/// stay device scalars until the noise scale is read, so measuring costs no
+/// synchronisation per step. `small_batch` says which steps measure.
+class NoiseScaleTracker {
+ public:
+  explicit NoiseScaleTracker(NoiseScaleOptions options = {}) : estimator_(options) {}
+
+  /// The batch whose gradient to measure first on optimizer step `step`
+  /// (from 0), or 0 for a step that measures nothing: the first micro-batch
+  /// when there is accumulation (every step: it is free), else half the
+  /// logical batch every `kNoiseScaleEveryWithoutAccumulation` steps.
+  static int64_t small_batch(int64_t step, int64_t global_batch, int64_t micro_batch);
+
+  /// Queues one measurement; squared norms are scalars on the device,
+  /// divided by `loss_scale`² when read (gradients of a scaled loss).
+  void add(int64_t small_batch, at::Tensor small_sq_norm, int64_t big_batch,
+           at::Tensor big_sq_norm, double loss_scale = 1);
+
+  /// B_simple after reading the queued measurements (one synchronisation).
+  std::optional<double> noise_scale();
+  /// The estimator, for measurements made elsewhere (data parallelism adds
+  /// the local against the all-reduced gradient here).
+  NoiseScaleEstimator& estimator();
+
+ private:
+  struct Pending {
+    int64_t small_batch;
+    at::Tensor small_sq_norm;
+    int64_t big_batch;
+    at::Tensor big_sq_norm;
+    double loss_scale;
+  };
+  void flush();
+
+  NoiseScaleEstimator estimator_;
+  std::vector<Pending> pending_;
+};
+
+/// `accumulate_gradients` (see trainer.h) over `batch`, measuring the
+/// noise scale on the way: the first `small_batch` samples are
+/// back-propagated first and the gradient's squared norm taken, then the
+/// rest; the gradients are rescaled around the second part so that they end
+/// exactly as one logical batch's mean gradient. Adds (small, |G_small|²,
+/// all, |G_big|²) to `tracker` once the whole batch succeeded; an
+/// out-of-memory propagates with nothing added.
+at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Batch& batch,
+                                                int64_t micro_batch_size, int64_t small_batch,
+                                                AmpMode amp, const LossScaler& scaler,
+                                                c10::Device device, NoiseScaleTracker& tracker,
+                                                double* data_seconds = nullptr);
+
+/// What a short measuring run found.
+struct NoiseScaleMeasurement {
+  std::optional<double> noise_scale;  ///< B_simple; nullopt when not measured
+  int64_t small_batch = 0;            ///< the micro-batch
+  int64_t big_batch = 0;              ///< the logical batch
+  int64_t steps = 0;                  ///< optimizer steps run
+  int64_t measurements = 0;
+  double seconds = 0;
+  std::optional<double> gradient_sq_norm;
+  std::optional<double> trace_covariance;
+  std::string note;  ///< why it is missing, when it is
+};
+
+/// Optimizer steps of the measuring run of `tune --objective goodput`: a few
+/// EMA windows, so that the first noisy measurements have faded.
+constexpr int64_t kDefaultNoiseRunSteps = 60;
+/// Micro-batches per logical batch in the measuring run: the two batch sizes
+/// differ by this factor, far enough apart that |G_small|² − |G_big|² is not
+/// lost in rounding, near enough that the run stays short.
+constexpr int64_t kNoiseRunAccumulation = 4;
+
+/// Trains `workload` on `data` for `steps` optimizer steps with micro-batch
+/// `micro_batch` × `kNoiseRunAccumulation` and the learning rate `lr`, and
+/// reads the noise scale the loop measured. The model, its optimizer state
+/// and the random generator are put back afterwards (a tune leaves no
+/// trace). Throws `batchtune::Error` when the data is too small.
+NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memory,
+                                          const Dataset& data, int64_t micro_batch, double lr,
+                                          int64_t steps = kDefaultNoiseRunSteps,
+                                          uint64_t seed = 0);
+
+}  // namespace batchtune

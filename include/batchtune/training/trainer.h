@@ -1,0 +1,235 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "batchtune/step/amp.h"
+#include "batchtune/distributed/data_parallel.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/step/loss_scaler.h"
+#include "batchtune/training/noise_scale.h"
+#include "batchtune/plan/plan.h"
+
+namespace batchtune {
+
+class DeviceMemory;
+class Workload;
+
+/// How long a run trains and what it writes on the way.
+struct TrainOptions {
+  /// Passes over the training set (when `steps` is 0).
+  TORCH_ARG(int64_t, epochs) = 1;
+  /// Optimizer steps to run in all, across epochs; 0 for `epochs`.
+  TORCH_ARG(int64_t, steps) = 0;
+  /// Seeds the shuffling: epoch e visits the samples in a permutation drawn
+  /// from (seed, e), so a resumed run sees the same order.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// A log event every this many optimizer steps; 0 for none.
+  TORCH_ARG(int64_t, log_every) = 0;
+  /// Progress events (for a progress bar) at most this often; 0 for none.
+  TORCH_ARG(double, progress_interval_s) = 0.0;
+  /// Directory of `checkpoint.pt`; empty for no checkpoints.
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  /// A checkpoint every this many optimizer steps (and always at the end);
+  /// 0 for the end only.
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  /// Continue from the checkpoint in `checkpoint_dir` when there is one.
+  TORCH_ARG(bool, resume) = false;
+  /// Test-set evaluation batch; 0 for the micro-batch.
+  TORCH_ARG(int64_t, eval_batch_size) = 0;
+  /// Measure the gradient noise scale (see `NoiseScaleTracker::small_batch`).
+  TORCH_ARG(bool, measure_noise_scale) = true;
+};
+
+/// What the training loop reports as it goes. Plain data: a console
+/// reporter, a JSON log or a test consume it.
+struct TrainEvent {
+  enum class Kind {
+    kProgress,     ///< for a progress bar, every `progress_interval_s`
+    kLog,          ///< every `log_every` steps
+    kEpochEnd,     ///< an epoch finished; `test_accuracy` set with a test split
+    kOomRecovery,  ///< out of memory: the micro-batch was halved; `message` says so
+    kCheckpoint,   ///< a checkpoint was written; `message` names it
+    kResumed,      ///< the run continues from a checkpoint
+  };
+  Kind kind = Kind::kProgress;
+  int64_t step = 0;         ///< optimizer steps done
+  int64_t total_steps = 0;
+  int64_t epoch = 0;        ///< current epoch, from 0
+  int64_t epochs = 0;       ///< epochs the run will touch
+  double loss = 0;          ///< mean loss since the last log event
+  double lr = 0;
+  double samples_per_s = 0; ///< since the last event of this kind
+  /// Share of wall time the loop spent computing, not fetching data.
+  double busy_fraction = 0;
+  double eta_s = 0;
+  int64_t micro_batch_size = 0;
+  int64_t accumulation_steps = 0;
+  int64_t memory_used_bytes = 0;
+  int64_t memory_peak_bytes = 0;
+  int64_t memory_capacity_bytes = 0;
+  /// Device utilization from the monitor hook; nullopt without one.
+  std::optional<double> utilization;
+  std::optional<double> test_accuracy;
+  /// Gradient noise scale B_simple (log events); nullopt when not measured.
+  std::optional<double> noise_scale;
+  std::string message;
+};
+
+using TrainCallback = std::function<void(const TrainEvent&)>;
+/// The hook a device monitor feeds: utilization in [0, 1], or nullopt
+/// where it cannot be read.
+using UtilizationSource = std::function<std::optional<double>()>;
+
+/// The end of a run. JSON field names are stable (see `to_json`).
+struct TrainSummary {
+  int64_t steps = 0;     ///< optimizer steps (logical batches), resumed ones included
+  int64_t samples = 0;   ///< training samples seen, resumed ones included
+  double epochs = 0;     ///< steps / steps per epoch
+  double final_loss = 0; ///< loss of the last logical batch
+  std::optional<double> test_accuracy;  ///< nullopt without a test split
+  int64_t oom_recoveries = 0;
+  int64_t micro_batch_size = 0;    ///< at the end
+  int64_t accumulation_steps = 0;  ///< at the end
+  int64_t global_batch_size = 0;
+  int64_t world_size = 1;
+  int64_t skipped_steps = 0;       ///< fp16 steps skipped by the loss scaler
+  double seconds = 0;              ///< training time of this run, evaluation excluded
+  double samples_per_s = 0;        ///< samples of this run / seconds
+  double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
+  int64_t resumed_from_step = 0;   ///< 0 for a fresh run
+  /// False when SIGINT or SIGTERM stopped the run early (see interrupt.h):
+  /// the checkpoint, when on, holds the last step; no final evaluation.
+  bool complete = true;
+  std::string interrupted_by;      ///< "SIGINT" or "SIGTERM"; empty when complete
+  std::optional<double> noise_scale;  ///< B_simple at the end; nullopt when not measured
+};
+
+/// File name of the checkpoint inside `--checkpoint DIR`.
+constexpr const char* kCheckpointFile = "checkpoint.pt";
+
+/// The training loop: trains `workload` on `train` with `plan` (micro-batches
+/// accumulated into one optimizer step per logical batch, the loss of each
+/// divided by its share of the batch, the LR schedule per optimizer step,
+/// autocast and the loss scaler per `plan.amp`), evaluates on `test` at each
+/// epoch's end, recovers from out-of-memory by halving the micro-batch (the
+/// logical batch, LR and samples stay the same) and writes checkpoints.
+///
+/// Example:
+/// ```
+///   batchtune::Trainer trainer(workload, *memory, plan, *data.train, data.test.get(),
+///                              batchtune::TrainOptions().epochs(1).log_every(100));
+///   trainer.set_callback([](const batchtune::TrainEvent& e) { ... });
+///   batchtune::TrainSummary summary = trainer.run();
+/// ```
+class Trainer {
+ public:
+  Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Dataset& train,
+          const Dataset* test, TrainOptions options);
+
+  void set_callback(TrainCallback callback) { callback_ = std::move(callback); }
+  /// The monitor's hook for device utilization in log events.
+  void set_utilization_source(UtilizationSource source) { utilization_ = std::move(source); }
+  /// Called before each optimizer step with the steps done so far (tests
+  /// use it to squeeze the memory budget mid-run).
+  void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
+
+  /// Trains data-parallel with the other ranks of `communicator` (which
+  /// must outlive the run); the plan's world_size must be its world size.
+  void set_communicator(Communicator* communicator) { data_parallel_ = DataParallel(communicator); }
+  const DataParallel& data_parallel() const { return data_parallel_; }
+
+  /// Trains until the steps or epochs are done, or until an interrupt is
+  /// requested (`interrupt_requested()`, polled after each optimizer step):
+  /// then it writes the checkpoint and returns a summary marked incomplete.
+  /// Throws `batchtune::Error`
+  /// when even micro-batch 1 runs out of memory, or a checkpoint does not
+  /// match this run.
+  TrainSummary run();
+
+  /// The plan as it stands (micro-batch and accumulation change on OOM).
+  const Plan& plan() const { return plan_; }
+  LossScaler& scaler() { return scaler_; }
+  /// Optimizer steps in one epoch (the last partial logical batch dropped).
+  int64_t steps_per_epoch() const;
+  /// The gradient noise scale as measured so far; data parallelism adds the
+  /// local against the all-reduced gradient to its `estimator()`.
+  NoiseScaleTracker& noise_scale() { return noise_; }
+
+ private:
+  void train_step(const Batch& batch);
+  /// Waits for queued device work and counts the wait as training time.
+  void settle_clock();
+  double evaluate();
+  void save_checkpoint();
+  bool load_checkpoint();
+  void emit(TrainEvent::Kind kind, const std::string& message = "");
+
+  Workload& workload_;
+  DeviceMemory& memory_;
+  Plan plan_;
+  const Dataset& train_;
+  const Dataset* test_;
+  TrainOptions options_;
+  LossScaler scaler_;
+  TrainCallback callback_;
+  UtilizationSource utilization_;
+  std::function<void(int64_t)> before_step_;
+  NoiseScaleTracker noise_;
+  DataParallel data_parallel_;
+
+  // Position: optimizer steps done, the epoch and logical batch within it.
+  int64_t step_ = 0;
+  int64_t epoch_ = 0;
+  int64_t batch_in_epoch_ = 0;
+  int64_t samples_ = 0;
+  int64_t oom_recoveries_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t resumed_from_step_ = 0;
+  double last_loss_ = 0;
+  std::optional<double> test_accuracy_;
+  int64_t test_accuracy_step_ = -1;
+  at::Tensor last_loss_tensor_;
+  at::Tensor window_loss_;   // sum of logical-batch losses since the last log
+  int64_t window_steps_ = 0;
+  // Timing of this run.
+  double train_seconds_ = 0;
+  double data_seconds_ = 0;
+  int64_t run_samples_ = 0;
+  struct Mark {
+    double train_seconds = 0;
+    double data_seconds = 0;
+    int64_t samples = 0;
+  };
+  Mark log_mark_;
+  Mark progress_mark_;
+};
+
+/// One logical batch's gradients: the samples at `indices` taken from
+/// `data` in micro-batches of at most `micro_batch_size`, each moved to
+/// `device`, its loss (under autocast per `amp`) weighted by its share of
+/// the batch and scaled by `scaler`, back-propagated. Gradients add up in
+/// the parameters (zero them before); returns the batch's mean loss,
+/// detached. Out-of-memory propagates. Adds the time spent fetching data to
+/// `data_seconds` when given.
+at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
+                                const std::vector<int64_t>& indices, int64_t micro_batch_size,
+                                AmpMode amp, const LossScaler& scaler, c10::Device device,
+                                double* data_seconds = nullptr);
+
+/// The same for a logical batch already in host memory (from a `Loader`):
+/// sliced into micro-batches, each moved to `device` (with `non_blocking`
+/// when the batch is pinned), the time of the moves added to `data_seconds`.
+at::Tensor accumulate_gradients(Workload& workload, const Batch& batch, int64_t micro_batch_size,
+                                AmpMode amp, const LossScaler& scaler, c10::Device device,
+                                double* data_seconds = nullptr);
+
+/// Sets the learning rate of every parameter group.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace batchtune

@@ -1,0 +1,60 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "batchtune/tuning/sweep.h"
+
+namespace batchtune {
+
+/// Accumulation steps a goodput candidate may use at most: past 64
+/// micro-batches per step the statistical efficiency of so large a batch has
+/// fallen far below what any throughput gain could make up.
+constexpr int64_t kGoodputMaxAccumulation = 64;
+
+/// Statistical efficiency of global batch `batch` relative to the base batch
+/// `base_batch` (Pollux, OSDI 2021): E(B) = (B_noise + B0) / (B_noise + B),
+/// the progress per sample at B as a share of that at B0, for gradient noise
+/// scale `noise_scale` = B_noise. 1 at B0, falling towards B0/B.
+///
+/// Example:
+/// ```
+///   batchtune::statistical_efficiency(100, 32, 32);   // 1
+///   batchtune::statistical_efficiency(100, 32, 132);  // 132 / 232 = 0.569
+/// ```
+double statistical_efficiency(double noise_scale, double base_batch, double batch);
+
+/// One way to train at a global batch, and what it is worth.
+struct GoodputCandidate {
+  int64_t global_batch_size = 0;
+  int64_t micro_batch_size = 0;    ///< a sweep row's batch that divides the global batch
+  int64_t accumulation_steps = 0;  ///< global / micro
+  double samples_per_s = 0;        ///< the micro-batch's throughput
+  double efficiency = 0;           ///< E(global)
+  double goodput = 0;              ///< samples_per_s × efficiency
+};
+
+/// The candidate global batches and their goodput: every sweep row's batch,
+/// every power of two, and `base_batch` itself, from `base_batch` up to the
+/// largest row × `kGoodputMaxAccumulation` (and at most `max_global_batch`
+/// when positive: the training data). Each runs as the fastest sweep row
+/// whose batch divides it, accumulated (at most `kGoodputMaxAccumulation`
+/// micro-batches). Sorted by global batch. Rows must not
+/// be empty; `noise_scale` ≥ 0.
+std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& rows,
+                                                 double noise_scale, int64_t base_batch,
+                                                 int64_t max_global_batch = 0);
+
+/// The chosen candidate and why, in plain words with the numbers.
+struct GoodputChoice {
+  GoodputCandidate chosen;
+  std::string reason;
+};
+
+/// The candidate of the highest goodput (the smaller global batch on a tie).
+/// `candidates` must not be empty.
+GoodputChoice select_goodput(const std::vector<GoodputCandidate>& candidates, double noise_scale,
+                             int64_t base_batch);
+
+}  // namespace batchtune

@@ -1,0 +1,130 @@
+#include "batchtune/data/dataset.h"
+
+#include "batchtune/memory/budget_allocator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include "batchtune/data/fashion_mnist.h"
+#include "batchtune/data/image_folder.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/shape.h"
+
+namespace batchtune {
+namespace {
+
+at::Tensor index_tensor(const std::vector<int64_t>& indices, int64_t size) {
+  for (int64_t i : indices) {
+    TORCH_CHECK(i >= 0 && i < size, "Dataset::get_batch: index ", i, " out of range [0, ", size,
+                ")");
+  }
+  return at::tensor(indices, at::TensorOptions().dtype(at::kLong));
+}
+
+}  // namespace
+
+TensorDataset::TensorDataset(std::string name, at::Tensor inputs, at::Tensor targets,
+                             int64_t classes, Normalization normalization)
+    : name_(std::move(name)),
+      inputs_(std::move(inputs)),
+      targets_(std::move(targets)),
+      classes_(classes),
+      normalization_(normalization) {
+  TORCH_CHECK(inputs_.dim() >= 1 && targets_.dim() == 1 && inputs_.size(0) == targets_.size(0),
+              "TensorDataset: inputs [N, ...] and targets [N] must have the same N");
+  // Converted and normalised once, not per batch: the training loop then
+  // only gathers rows, as a hand-written loop over an in-memory set does.
+  // Host data, not the emulated device's: outside the CPU budget.
+  BudgetAllocator::UncountedScope uncounted;
+  inputs_ = inputs_.to(at::kFloat);
+  const auto& n = normalization_;
+  if (n.scale != 1.0 || n.mean != 0.0 || n.std != 1.0) {
+    inputs_.mul_(n.scale / n.std).sub_(n.mean / n.std);
+  }
+  targets_ = targets_.to(at::kLong);
+}
+
+Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
+  const at::Tensor index = index_tensor(indices, size());
+  Batch batch;
+  batch.inputs = {inputs_.index_select(0, index)};
+  batch.target = targets_.index_select(0, index);
+  return batch;
+}
+
+std::vector<int64_t> TensorDataset::sample_shape() const {
+  const auto sizes = inputs_.sizes();
+  return {sizes.begin() + 1, sizes.end()};
+}
+
+std::string TensorDataset::describe() const {
+  return fmt::format("{} ({} samples, {}, {} classes)", name_, size(),
+                     format_shape(sample_shape()), classes_);
+}
+
+SyntheticDataset::SyntheticDataset(std::vector<int64_t> sample_shape, int64_t classes,
+                                   int64_t size, uint64_t seed)
+    : shape_(std::move(sample_shape)), classes_(classes), size_(size), seed_(seed) {
+  TORCH_CHECK(size_ > 0 && classes_ >= 2, "SyntheticDataset: need samples and 2+ classes");
+}
+
+Batch SyntheticDataset::get_batch(const std::vector<int64_t>& indices) const {
+  std::vector<int64_t> shape{static_cast<int64_t>(indices.size())};
+  shape.insert(shape.end(), shape_.begin(), shape_.end());
+  Batch batch;
+  batch.inputs = {at::empty(shape, at::TensorOptions().dtype(at::kFloat))};
+  batch.target = at::empty({static_cast<int64_t>(indices.size())},
+                           at::TensorOptions().dtype(at::kLong));
+  for (size_t i = 0; i < indices.size(); ++i) {
+    TORCH_CHECK(indices[i] >= 0 && indices[i] < size_, "SyntheticDataset: index ", indices[i],
+                " out of range");
+    // One generator per sample: sample i is the same in whatever batch.
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(
+        seed_ * 1000003 + static_cast<uint64_t>(indices[i]));
+    batch.inputs[0][static_cast<int64_t>(i)].normal_(0, 1, generator);
+    batch.target[static_cast<int64_t>(i)].random_(0, classes_, generator);
+  }
+  return batch;
+}
+
+std::string SyntheticDataset::describe() const {
+  return fmt::format("synthetic ({} samples, {}, {} classes, random labels)", size_,
+                     format_shape(shape_), classes_);
+}
+
+DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& synthetic_shape,
+                        int64_t synthetic_classes, uint64_t seed, DataOptions options) {
+  DataSplits splits;
+  if (spec.empty() || spec == "synthetic") {
+    splits.train = std::make_unique<SyntheticDataset>(synthetic_shape, synthetic_classes,
+                                                      kDefaultSyntheticSize, seed);
+    return splits;
+  }
+  const std::string name = spec.substr(0, spec.find(':'));
+  if (name == "fashion-mnist") {
+    const std::string dir =
+        spec.size() > name.size() ? spec.substr(name.size() + 1) : kFashionMnistDefaultDir;
+    if (dir.empty()) throw Error("--data fashion-mnist: give a directory after ':' or none");
+    splits.train = load_fashion_mnist(dir, FashionMnistSplit::kTrain);
+    splits.test = load_fashion_mnist(dir, FashionMnistSplit::kTest);
+    return splits;
+  }
+  if (name == "imagefolder") {
+    const std::string dir = spec.size() > name.size() ? spec.substr(name.size() + 1) : "";
+    if (dir.empty()) {
+      throw Error("--data imagefolder: give the directory, as imagefolder:DIR (one sub-folder "
+                  "per class)");
+    }
+    splits.train = std::make_unique<ImageFolderDataset>(
+        dir, ImageFolderOptions()
+                 .sample_shape(synthetic_shape)
+                 .seed(seed)
+                 .skip_bad_samples(options.skip_bad_samples()));
+    return splits;
+  }
+  throw Error(fmt::format(
+      "--data: unknown data '{}'; use synthetic, fashion-mnist[:DIR] or imagefolder:DIR", spec));
+}
+
+}  // namespace batchtune

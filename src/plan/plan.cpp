@@ -1,0 +1,297 @@
+#include "batchtune/plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "batchtune/common/error.h"
+
+namespace batchtune {
+namespace {
+
+/// Warm-up steps of the rule at most: a few hundred steps cover the largest
+/// scale factors in use (Goyal et al. warmed up a 32x factor over ~780).
+constexpr int64_t kMaxRuleWarmupSteps = 500;
+
+std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
+
+}  // namespace
+
+std::string lr_scaling_name(LrScaling scaling) {
+  switch (scaling) {
+    case LrScaling::kLinear: return "linear";
+    case LrScaling::kSqrt: return "sqrt";
+    case LrScaling::kNone: return "none";
+  }
+  return "none";
+}
+
+LrScaling parse_lr_scaling(const std::string& text, const std::string& what) {
+  for (LrScaling s : {LrScaling::kLinear, LrScaling::kSqrt, LrScaling::kNone}) {
+    if (text == lr_scaling_name(s)) return s;
+  }
+  throw Error(fmt::format("{}: unknown scaling '{}'; use linear, sqrt or none", what, text));
+}
+
+LrScaling default_lr_scaling(const std::string& optimizer) {
+  return optimizer == "sgd" ? LrScaling::kLinear : LrScaling::kSqrt;
+}
+
+double scale_lr(double base_lr, int64_t base_batch, int64_t global_batch, LrScaling scaling) {
+  const double ratio = static_cast<double>(global_batch) / static_cast<double>(base_batch);
+  switch (scaling) {
+    case LrScaling::kLinear: return base_lr * ratio;
+    case LrScaling::kSqrt: return base_lr * std::sqrt(ratio);
+    case LrScaling::kNone: return base_lr;
+  }
+  return base_lr;
+}
+
+int64_t warmup_rule(double lr_factor) {
+  if (!(lr_factor > 1)) return 0;
+  const double steps = std::ceil(static_cast<double>(kWarmupStepsPerLrDoubling) *
+                                 std::log2(lr_factor) - 1e-9);
+  return std::min<int64_t>(kMaxRuleWarmupSteps, static_cast<int64_t>(steps));
+}
+
+double scheduled_lr(double lr, int64_t warmup_steps, int64_t step) {
+  if (warmup_steps <= 0 || step >= warmup_steps) return lr;
+  return lr * static_cast<double>(std::max<int64_t>(step, 0) + 1) /
+         static_cast<double>(warmup_steps);
+}
+
+Plan make_plan(const PlanOptions& o) {
+  if (o.micro_batch_size() < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", o.micro_batch_size()));
+  }
+  if (o.world_size() < 1) {
+    throw Error(fmt::format("--world-size: must be at least 1, got {}", o.world_size()));
+  }
+  if (o.target_batch() < 0) {
+    throw Error(fmt::format("--target-batch: must be at least 1, got {}", o.target_batch()));
+  }
+  if (!(o.base_lr() > 0) || !std::isfinite(o.base_lr())) {
+    throw Error(fmt::format("--base-lr: must be positive, got {}", o.base_lr()));
+  }
+  if (o.base_batch() < 0) {
+    throw Error(fmt::format("--base-batch: must be at least 1, got {}", o.base_batch()));
+  }
+  if (o.amp() == AmpMode::kAuto) {
+    throw Error("--amp: auto must be resolved (choose_amp) before a plan is made");
+  }
+  if (o.workers() < 0 || o.prefetch() < 0) {
+    throw Error("--workers/--prefetch: must not be negative");
+  }
+  Plan plan;
+  plan.micro_batch_size = o.micro_batch_size();
+  plan.world_size = o.world_size();
+  const int64_t per_step = plan.micro_batch_size * plan.world_size;
+  if (o.target_batch() == 0) {
+    plan.accumulation_steps = 1;
+    plan.reasons.push_back(fmt::format(
+        "global batch {}: the micro-batch {}{}, no accumulation (no --target-batch)", per_step,
+        plan.micro_batch_size,
+        plan.world_size > 1 ? fmt::format(" x {} processes", plan.world_size) : ""));
+  } else {
+    plan.accumulation_steps = std::max<int64_t>(
+        1, static_cast<int64_t>(std::llround(static_cast<double>(o.target_batch()) /
+                                             static_cast<double>(per_step))));
+    const int64_t reached = per_step * plan.accumulation_steps;
+    if (reached == o.target_batch()) {
+      plan.reasons.push_back(fmt::format(
+          "global batch {}: --target-batch {} reached by accumulating {} micro-batches of {}",
+          reached, o.target_batch(), plan.accumulation_steps, plan.micro_batch_size));
+    } else {
+      plan.reasons.push_back(fmt::format(
+          "global batch {}: --target-batch {} is not a multiple of {}; accumulating {} "
+          "micro-batches gives the nearest, {:+.1f} % off",
+          reached, o.target_batch(), per_step, plan.accumulation_steps,
+          100.0 * static_cast<double>(reached - o.target_batch()) /
+              static_cast<double>(o.target_batch())));
+    }
+  }
+  plan.global_batch_size = per_step * plan.accumulation_steps;
+
+  const int64_t base_batch = o.base_batch() > 0 ? o.base_batch() : per_step;
+  const bool default_scaling = o.lr_scaling().empty();
+  plan.lr_scaling = default_scaling ? default_lr_scaling(o.optimizer())
+                                    : parse_lr_scaling(o.lr_scaling());
+  plan.lr = scale_lr(o.base_lr(), base_batch, plan.global_batch_size, plan.lr_scaling);
+  const std::string scaling_why =
+      default_scaling
+          ? fmt::format(" ({} is the default for {}{})", lr_scaling_name(plan.lr_scaling),
+                        o.optimizer(),
+                        plan.lr_scaling == LrScaling::kSqrt
+                            ? ", whose per-parameter normalisation makes linear scaling too "
+                              "aggressive"
+                            : "")
+          : " (as asked with --lr-scaling)";
+  if (base_batch == plan.global_batch_size || plan.lr_scaling == LrScaling::kNone) {
+    plan.reasons.push_back(fmt::format("lr {}: the base lr, unscaled{}", format_lr(plan.lr),
+                                       base_batch == plan.global_batch_size
+                                           ? fmt::format(" since the global batch equals the "
+                                                         "base batch {}",
+                                                         base_batch)
+                                           : scaling_why));
+  } else {
+    plan.reasons.push_back(fmt::format("lr {}: base lr {} at batch {} scaled {} to batch {}{}",
+                                       format_lr(plan.lr), format_lr(o.base_lr()), base_batch,
+                                       lr_scaling_name(plan.lr_scaling),
+                                       plan.global_batch_size, scaling_why));
+  }
+
+  const double factor = plan.lr / o.base_lr();
+  if (o.warmup_steps() >= 0) {
+    plan.warmup_steps = o.warmup_steps();
+    plan.reasons.push_back(
+        fmt::format("warm-up {} steps: as asked with --warmup", plan.warmup_steps));
+  } else {
+    plan.warmup_steps = warmup_rule(factor);
+    plan.reasons.push_back(
+        plan.warmup_steps == 0
+            ? std::string("no warm-up: the lr is not raised above the base lr")
+            : fmt::format("warm-up {} steps: {} per doubling of the lr, which the plan raised "
+                          "{:.2f}x",
+                          plan.warmup_steps, kWarmupStepsPerLrDoubling, factor));
+  }
+
+  plan.amp = o.amp();
+  plan.reasons.push_back(!o.amp_reason().empty() ? o.amp_reason()
+                                                 : "amp " + amp_name(plan.amp));
+  plan.workers = o.workers();
+  plan.pin_memory = o.pin_memory();
+  plan.prefetch = o.prefetch();
+  plan.reasons.push_back(fmt::format(
+      "input pipeline: {} workers, pin_memory {}, prefetch {} (tune with --data times "
+      "the worker counts)",
+      plan.workers, plan.pin_memory ? "on" : "off", plan.prefetch));
+  return plan;
+}
+
+nlohmann::json to_json(const Plan& plan) {
+  return {
+      {"micro_batch_size", plan.micro_batch_size},
+      {"accumulation_steps", plan.accumulation_steps},
+      {"world_size", plan.world_size},
+      {"global_batch_size", plan.global_batch_size},
+      {"lr", plan.lr},
+      {"lr_scaling", lr_scaling_name(plan.lr_scaling)},
+      {"warmup_steps", plan.warmup_steps},
+      {"amp", amp_name(plan.amp)},
+      {"workers", plan.workers},
+      {"pin_memory", plan.pin_memory},
+      {"prefetch", plan.prefetch},
+      {"reasons", plan.reasons},
+  };
+}
+
+namespace {
+
+class PlanReader {
+ public:
+  PlanReader(const nlohmann::json& json, std::string source)
+      : json_(json), source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw Error(fmt::format("{}: field '{}': {}", source_, field, what));
+  }
+
+  const nlohmann::json& field(const std::string& name) const {
+    const auto it = json_.find(name);
+    if (it == json_.end()) fail(name, "missing");
+    return *it;
+  }
+
+  int64_t integer(const std::string& name, int64_t min) const {
+    const auto& value = field(name);
+    if (!value.is_number_integer()) fail(name, "must be an integer, got " + value.dump());
+    const auto n = value.get<int64_t>();
+    if (n < min) fail(name, fmt::format("must be at least {}, got {}", min, n));
+    return n;
+  }
+
+  std::string text(const std::string& name) const {
+    const auto& value = field(name);
+    if (!value.is_string()) fail(name, "must be a string, got " + value.dump());
+    return value.get<std::string>();
+  }
+
+ private:
+  const nlohmann::json& json_;
+  std::string source_;
+};
+
+}  // namespace
+
+Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
+  if (!input.is_object()) throw Error(source + ": a plan must be a JSON object");
+  const nlohmann::json& json =
+      input.contains("plan") && input["plan"].is_object() ? input["plan"] : input;
+  const PlanReader r(json, source);
+  Plan plan;
+  plan.micro_batch_size = r.integer("micro_batch_size", 1);
+  plan.accumulation_steps = r.integer("accumulation_steps", 1);
+  plan.world_size = r.integer("world_size", 1);
+  plan.global_batch_size = r.integer("global_batch_size", 1);
+  if (plan.global_batch_size !=
+      plan.micro_batch_size * plan.accumulation_steps * plan.world_size) {
+    r.fail("global_batch_size",
+           fmt::format("must be micro_batch_size x accumulation_steps x world_size = {}, got {}",
+                       plan.micro_batch_size * plan.accumulation_steps * plan.world_size,
+                       plan.global_batch_size));
+  }
+  const auto& lr = r.field("lr");
+  if (!lr.is_number() || !(lr.get<double>() > 0) || !std::isfinite(lr.get<double>())) {
+    r.fail("lr", "must be a positive number, got " + lr.dump());
+  }
+  plan.lr = lr.get<double>();
+  try {
+    plan.lr_scaling = parse_lr_scaling(r.text("lr_scaling"), "x");
+  } catch (const Error&) {
+    r.fail("lr_scaling", "must be linear, sqrt or none, got " + r.field("lr_scaling").dump());
+  }
+  plan.warmup_steps = r.integer("warmup_steps", 0);
+  const std::string amp = r.text("amp");
+  if (amp != "off" && amp != "bf16" && amp != "fp16") {
+    r.fail("amp", "must be off, bf16 or fp16, got \"" + amp + "\"");
+  }
+  plan.amp = parse_amp(amp);
+  plan.workers = r.integer("workers", 0);
+  const auto& pin = r.field("pin_memory");
+  if (!pin.is_boolean()) r.fail("pin_memory", "must be true or false, got " + pin.dump());
+  plan.pin_memory = pin.get<bool>();
+  plan.prefetch = r.integer("prefetch", 0);
+  if (json.contains("reasons")) {
+    const auto& reasons = json["reasons"];
+    if (!reasons.is_array()) r.fail("reasons", "must be a list of strings");
+    for (const auto& reason : reasons) {
+      if (!reason.is_string()) r.fail("reasons", "must be a list of strings");
+      plan.reasons.push_back(reason.get<std::string>());
+    }
+  }
+  return plan;
+}
+
+Plan parse_plan_json(const std::string& text, const std::string& source) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {  // syntax, and numbers out of range
+    std::string what = e.what();
+    throw Error(fmt::format("{}: not valid JSON ({})", source, what.substr(what.find(']') + 2)));
+  }
+  return plan_from_json(json, source);
+}
+
+Plan read_plan_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("--plan {}: cannot open the file", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_plan_json(text.str(), "--plan " + path);
+}
+
+}  // namespace batchtune

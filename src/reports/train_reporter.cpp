@@ -1,0 +1,123 @@
+#include "batchtune/reports/train_reporter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "batchtune/common/size.h"
+
+namespace batchtune {
+namespace {
+
+constexpr int kBarWidth = 24;
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  return fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const TrainSummary& s) {
+  return {
+      {"steps", s.steps},
+      {"samples", s.samples},
+      {"epochs", s.epochs},
+      {"final_loss", s.final_loss},
+      {"test_accuracy", s.test_accuracy ? nlohmann::json(*s.test_accuracy) : nlohmann::json()},
+      {"oom_recoveries", s.oom_recoveries},
+      {"micro_batch_size", s.micro_batch_size},
+      {"accumulation_steps", s.accumulation_steps},
+      {"global_batch_size", s.global_batch_size},
+      {"world_size", s.world_size},
+      {"seconds", s.seconds},
+      {"samples_per_s", s.samples_per_s},
+      {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
+      {"complete", s.complete},
+      {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
+  };
+}
+
+void print_plan(std::ostream& out, const Plan& p) {
+  out << fmt::format(
+      "plan: micro-batch {} x {} accumulation x {} process(es) = global batch {}; lr {:.6g} "
+      "({} scaling), warm-up {} steps, amp {}\n",
+      p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
+      lr_scaling_name(p.lr_scaling), p.warmup_steps, amp_name(p.amp));
+  for (const auto& reason : p.reasons) out << "  - " << reason << "\n";
+}
+
+std::string TrainConsoleReporter::log_line(const TrainEvent& e) {
+  return fmt::format(
+      "step {}/{}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  busy {:.0f} %  util {}  "
+      "mem {} / peak {} / {}  noise scale {}",
+      e.step, e.total_steps, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.busy_fraction * 100,
+      e.utilization ? fmt::format("{:.0f} %", *e.utilization * 100) : std::string("n/a"),
+      format_bytes(e.memory_used_bytes), format_bytes(e.memory_peak_bytes),
+      format_bytes(e.memory_capacity_bytes),
+      e.noise_scale ? fmt::format("{:.0f}", *e.noise_scale) : std::string("n/a"));
+}
+
+std::string TrainConsoleReporter::progress_bar(const TrainEvent& e) {
+  const double done = e.total_steps > 0 ? static_cast<double>(e.step) /
+                                              static_cast<double>(e.total_steps)
+                                        : 0;
+  const int filled = static_cast<int>(done * kBarWidth);
+  return fmt::format("[{}{}] {}/{} epoch {}/{} loss {:.4f} {:.0f} samples/s ETA {}",
+                     std::string(static_cast<size_t>(filled), '#'),
+                     std::string(static_cast<size_t>(kBarWidth - filled), '.'), e.step,
+                     e.total_steps, e.epoch + 1, e.epochs, e.loss, e.samples_per_s,
+                     format_duration(e.eta_s));
+}
+
+void TrainConsoleReporter::clear_bar() {
+  if (!bar_shown_) return;
+  out_ << "\r\033[K";
+  bar_shown_ = false;
+}
+
+void TrainConsoleReporter::report(const TrainEvent& e) {
+  using Kind = TrainEvent::Kind;
+  if (e.kind == Kind::kProgress) {
+    if (!terminal_) return;
+    out_ << "\r\033[K" << progress_bar(e) << std::flush;
+    bar_shown_ = true;
+    return;
+  }
+  clear_bar();
+  switch (e.kind) {
+    case Kind::kLog: out_ << log_line(e) << "\n"; break;
+    case Kind::kEpochEnd:
+      out_ << fmt::format("epoch {} done at step {}: loss {:.4f}{}\n", e.epoch + 1, e.step,
+                          e.loss,
+                          e.test_accuracy
+                              ? fmt::format(", test accuracy {:.2f} %", *e.test_accuracy * 100)
+                              : std::string());
+      break;
+    case Kind::kOomRecovery:
+    case Kind::kCheckpoint:
+    case Kind::kResumed: out_ << e.message << "\n"; break;
+    case Kind::kProgress: break;
+  }
+  out_ << std::flush;
+}
+
+void TrainConsoleReporter::summary(const TrainSummary& s) {
+  clear_bar();
+  out_ << fmt::format(
+      "trained {} steps ({:.2f} epochs, {} samples) in {:.1f} s: {:.0f} samples/s; final loss "
+      "{:.4f}; test accuracy {}; {} out-of-memory recoveries; micro-batch {} x {} = {}; "
+      "gradient noise scale {}\n",
+      s.steps, s.epochs, s.samples, s.seconds, s.samples_per_s, s.final_loss,
+      s.test_accuracy ? fmt::format("{:.2f} %", *s.test_accuracy * 100) : std::string("n/a"),
+      s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size,
+      s.noise_scale ? fmt::format("{:.0f}", *s.noise_scale) : std::string("n/a"));
+  if (!s.complete) {
+    out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
+                        s.interrupted_by, s.steps);
+  }
+}
+
+}  // namespace batchtune

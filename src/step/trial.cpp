@@ -1,0 +1,168 @@
+#include "batchtune/step/trial.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/common/size.h"
+#include "batchtune/step/workload.h"
+#include "step/training_snapshot.h"
+
+namespace batchtune {
+namespace {
+
+double quantile(std::vector<double>& sorted, double q) {
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+// LibTorch errors that depend on the batch size, not on the model: the size
+// "does not run" and bounds the search; anything else is a real error.
+constexpr const char* kSizeRefusals[] = {
+    "Expected more than 1 value per channel when training",  // batch norm at batch 1
+    "invalid configuration argument",                        // CUDA grid too large
+    "CUDNN_STATUS_NOT_SUPPORTED",
+    "CUBLAS_STATUS_NOT_SUPPORTED",
+};
+
+}  // namespace
+
+bool is_size_refusal(const std::string& message) {
+  for (const char* refusal : kSizeRefusals) {
+    if (message.find(refusal) != std::string::npos) return true;
+  }
+  return false;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return quantile(values, 0.5);
+}
+
+double relative_spread(std::vector<double> values) {
+  if (values.size() < 2) return 0;
+  std::sort(values.begin(), values.end());
+  const double mid = quantile(values, 0.5);
+  return mid > 0 ? (quantile(values, 0.75) - quantile(values, 0.25)) / mid : 0;
+}
+
+TrialRunner::TrialRunner(Workload& workload, DeviceMemory& memory, double margin)
+    : workload_(workload), memory_(memory), margin_(margin) {
+  if (!(margin >= 0 && margin < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", margin));
+  }
+  memory_.set_usable_bytes(static_cast<int64_t>(
+      std::floor(static_cast<double>(memory_.capacity_bytes()) * (1 - margin_))));
+}
+
+TrialResult TrialRunner::run(const TrialOptions& options) {
+  if (options.batch_size() < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", options.batch_size()));
+  }
+  if (options.steps() < 1 || options.warmup_steps() < 0) {
+    throw Error(fmt::format("--steps: need at least 1 timed step and no negative warm-up, got "
+                            "{} and {}",
+                            options.steps(), options.warmup_steps()));
+  }
+  TrialResult result;
+  result.batch_size = options.batch_size();
+  result.capacity_bytes = memory_.capacity_bytes();
+  result.usable_bytes = memory_.usable_bytes();
+  result.margin = margin_;
+
+  TrainingSnapshot snapshot(workload_.model(), workload_.optimizer());
+  memory_.release_cached();
+  memory_.reset_peak();
+  try {
+    Batch cached;
+    if (!options.batch_source()) cached = workload_.synthetic_batch(options.batch_size());
+    for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
+      memory_.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      const Batch batch =
+          options.batch_source() ? options.batch_source()(options.batch_size()) : cached;
+      const auto ready = std::chrono::steady_clock::now();
+      const at::Tensor loss = workload_.step(batch);
+      memory_.synchronize();
+      const auto end = std::chrono::steady_clock::now();
+      ++result.steps_run;
+      if (i == 0) {
+        // A loss that is not finite from the first step is a broken workload,
+        // not a size limit: stop the search rather than bound it.
+        const double first = loss.item<double>();
+        if (!std::isfinite(first)) {
+          throw Error(fmt::format(
+              "trial at batch {}: the loss is {} after the first step; this is not a size "
+              "limit — check the model, the input spec and --lr",
+              options.batch_size(), first));
+        }
+      }
+      if (i >= options.warmup_steps()) {
+        result.step_seconds.push_back(std::chrono::duration<double>(end - start).count());
+        result.wait_seconds.push_back(std::chrono::duration<double>(ready - start).count());
+      }
+      if (i + 1 == options.warmup_steps() + options.steps()) result.loss = loss.item<double>();
+    }
+    result.fits = true;
+  } catch (const c10::OutOfMemoryError& e) {
+    result.fits = false;
+    result.failure = TrialFailure::kOutOfMemory;
+    result.error = first_line(e.what_without_backtrace());
+    // A failure mid-step leaves gradients behind: drop them before measuring.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  } catch (const c10::Error& e) {
+    if (!is_size_refusal(e.what_without_backtrace())) {
+      workload_.optimizer().zero_grad(/*set_to_none=*/true);
+      snapshot.restore();
+      memory_.release_cached();
+      throw;
+    }
+    result.fits = false;
+    result.failure = TrialFailure::kDoesNotRun;
+    result.error = first_line(e.what_without_backtrace());
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  } catch (...) {
+    // Not a size limit (a shape mismatch...): the caller stops, but the model
+    // is left as it was all the same.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+    snapshot.restore();
+    memory_.release_cached();
+    throw;
+  }
+  total_steps_ += result.steps_run;
+  result.peak_bytes = memory_.peak_bytes();
+  snapshot.restore();
+  memory_.release_cached();
+
+  if (result.fits && result.peak_bytes > result.usable_bytes) {
+    result.fits = false;
+    result.failure = TrialFailure::kOverBudget;
+    result.error = fmt::format("peak {} is above the usable {} ({} less {:.0f} % margin)",
+                               format_bytes(result.peak_bytes),
+                               format_bytes(result.usable_bytes),
+                               format_bytes(result.capacity_bytes), margin_ * 100);
+  }
+  if (!result.step_seconds.empty()) {
+    result.step_ms = median(result.step_seconds) * 1e3;
+    result.step_ms_spread = relative_spread(result.step_seconds);
+    result.samples_per_s = static_cast<double>(result.batch_size) / (result.step_ms / 1e3);
+    double total = 0;
+    double waiting = 0;
+    for (size_t i = 0; i < result.step_seconds.size(); ++i) {
+      total += result.step_seconds[i];
+      waiting += result.wait_seconds[i];
+    }
+    result.busy = total > 0 ? (total - waiting) / total : 0;
+  }
+  return result;
+}
+
+}  // namespace batchtune

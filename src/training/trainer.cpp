@@ -1,0 +1,560 @@
+#include "batchtune/training/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <sstream>
+#include <sys/stat.h>
+
+#include "batchtune/common/atomic_file.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/common/error.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/data/loader.h"
+#include "batchtune/common/shape.h"
+#include "batchtune/common/size.h"
+#include "batchtune/step/workload.h"
+
+namespace batchtune {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// The visiting order of epoch `epoch`: a permutation drawn from (seed, epoch)
+/// alone, so that a resumed run continues in the same order.
+std::vector<int64_t> epoch_order(int64_t size, uint64_t seed, int64_t epoch) {
+  BudgetAllocator::UncountedScope uncounted;  // bookkeeping, not device memory
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(
+      seed * 7919 + static_cast<uint64_t>(epoch) + 1);
+  const at::Tensor order = at::randperm(size, generator, at::TensorOptions().dtype(at::kLong));
+  const int64_t* data = order.data_ptr<int64_t>();
+  return {data, data + size};
+}
+
+Batch to_device(Batch batch, c10::Device device, bool non_blocking) {
+  if (!device.is_cpu()) {
+    batch.inputs = {batch.inputs[0].to(device, non_blocking)};
+    batch.target = batch.target.to(device, non_blocking);
+  }
+  return batch;
+}
+
+}  // namespace
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
+                                const std::vector<int64_t>& indices, int64_t micro_batch_size,
+                                AmpMode amp, const LossScaler& scaler, c10::Device device,
+                                double* data_seconds) {
+  TORCH_CHECK(!indices.empty(), "accumulate_gradients: need samples");
+  const auto fetch_start = Clock::now();
+  const Batch batch = data.get_batch(indices);
+  if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
+  return accumulate_gradients(workload, batch, micro_batch_size, amp, scaler, device,
+                              data_seconds);
+}
+
+at::Tensor accumulate_gradients(Workload& workload, const Batch& host_batch,
+                                int64_t micro_batch_size, AmpMode amp, const LossScaler& scaler,
+                                c10::Device device, double* data_seconds) {
+  const int64_t total = host_batch.target.defined() ? host_batch.target.size(0)
+                                                    : host_batch.inputs.at(0).size(0);
+  TORCH_CHECK(micro_batch_size >= 1 && total > 0,
+              "accumulate_gradients: need a micro-batch of 1+ and samples");
+  const bool non_blocking = host_batch.inputs.at(0).is_pinned();
+  at::Tensor loss_sum;
+  for (int64_t begin = 0; begin < total; begin += micro_batch_size) {
+    const int64_t end = std::min(total, begin + micro_batch_size);
+    const auto fetch_start = Clock::now();
+    // The whole batch as it is when there is no accumulation: no views to
+    // make on a hot, tiny step.
+    const Batch batch = to_device(end - begin == total ? host_batch
+                                                       : narrow_batch(host_batch, begin, end - begin),
+                                  device, non_blocking);
+    if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(device.type(), amp);
+      loss = workload.compute_loss(batch);
+    }
+    // Mean over the logical batch = sum of micro-batch means × their shares
+    // (1 / accumulation_steps when the micro-batches are equal).
+    // Without accumulation the share is 1: no extra ops on a hot, tiny step.
+    const double share = static_cast<double>(end - begin) / static_cast<double>(total);
+    const bool whole = end - begin == total;
+    scaler.scale(whole ? loss : loss * share).backward();
+    at::Tensor part = loss.detach();
+    if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
+    if (!whole) part = part * share;
+    loss_sum = loss_sum.defined() ? loss_sum + part : part;
+  }
+  return loss_sum;
+}
+
+Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Dataset& train,
+                 const Dataset* test, TrainOptions options)
+    : workload_(workload),
+      memory_(memory),
+      plan_(std::move(plan)),
+      train_(train),
+      test_(test),
+      options_(std::move(options)),
+      scaler_(LossScalerOptions().enabled(plan_.amp == AmpMode::kFp16), memory.device()) {
+  if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
+  if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
+    throw Error(fmt::format("--epochs/--steps: need a positive number of epochs or steps, got "
+                            "{} and {}",
+                            options_.epochs(), options_.steps()));
+  }
+  if (options_.log_every() < 0) {
+    throw Error(fmt::format("--log-every: must be 0 (none) or more, got {}", options_.log_every()));
+  }
+  if (options_.checkpoint_every() < 0) {
+    throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
+                            options_.checkpoint_every()));
+  }
+  if (options_.resume() && options_.checkpoint_dir().empty()) {
+    throw Error("--resume: needs --checkpoint DIR to resume from");
+  }
+  if (steps_per_epoch() == 0) {
+    throw Error(fmt::format("--target-batch: the global batch {} is larger than the {} "
+                            "training samples; use a smaller batch",
+                            plan_.global_batch_size, train_.size()));
+  }
+  const auto& inputs = workload_.input_spec().inputs;
+  if (inputs.size() != 1 || train_.sample_shape() != inputs.front().shape) {
+    throw Error(fmt::format("--input: the data's samples ({}) do not match the model's input ({})",
+                            format_shape(train_.sample_shape()), describe(workload_.input_spec())));
+  }
+}
+
+void Trainer::settle_clock() {
+  const auto start = Clock::now();
+  memory_.synchronize();
+  train_seconds_ += seconds_since(start);
+}
+
+int64_t Trainer::steps_per_epoch() const { return train_.size() / plan_.global_batch_size; }
+
+void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
+  if (!callback_) return;
+  TrainEvent e;
+  e.kind = kind;
+  e.step = step_;
+  e.total_steps = total_steps_;
+  e.epoch = epoch_;
+  e.epochs = ceil_div(total_steps_, steps_per_epoch());
+  e.lr = scheduled_lr(plan_.lr, plan_.warmup_steps, std::max<int64_t>(step_ - 1, 0));
+  e.micro_batch_size = plan_.micro_batch_size;
+  e.accumulation_steps = plan_.accumulation_steps;
+  e.memory_used_bytes = memory_.live_bytes();
+  e.memory_peak_bytes = memory_.peak_bytes();
+  e.memory_capacity_bytes = memory_.capacity_bytes();
+  e.message = message;
+  if (kind == TrainEvent::Kind::kEpochEnd) e.test_accuracy = test_accuracy_;
+  Mark* mark = kind == TrainEvent::Kind::kLog        ? &log_mark_
+               : kind == TrainEvent::Kind::kProgress ? &progress_mark_
+                                                     : nullptr;
+  if (mark != nullptr) {
+    const double seconds = train_seconds_ - mark->train_seconds;
+    if (seconds > 0) {
+      e.samples_per_s = static_cast<double>(run_samples_ - mark->samples) / seconds;
+      e.busy_fraction = 1.0 - (data_seconds_ - mark->data_seconds) / seconds;
+    }
+    *mark = {train_seconds_, data_seconds_, run_samples_};
+  }
+  if (run_samples_ > 0 && train_seconds_ > 0) {
+    const double steps_per_s = static_cast<double>(step_ - resumed_from_step_) / train_seconds_;
+    if (steps_per_s > 0) e.eta_s = static_cast<double>(total_steps_ - step_) / steps_per_s;
+  }
+  if (kind == TrainEvent::Kind::kLog && window_steps_ > 0) {
+    e.loss = window_loss_.item<double>() / static_cast<double>(window_steps_);
+    window_loss_ = at::Tensor();
+    window_steps_ = 0;
+  } else if (last_loss_tensor_.defined()) {
+    e.loss = last_loss_tensor_.item<double>();
+  }
+  if (kind == TrainEvent::Kind::kLog) e.noise_scale = noise_.noise_scale();
+  if (utilization_ && (kind == TrainEvent::Kind::kLog || kind == TrainEvent::Kind::kProgress)) {
+    e.utilization = utilization_();
+  }
+  callback_(e);
+}
+
+void Trainer::train_step(const Batch& batch) {
+  auto& optimizer = workload_.optimizer();
+  const c10::Device device = memory_.device();
+  // Data parallel: `batch` is this rank's shard of the logical batch (see
+  // run()); the ranks agree on an out-of-memory, so that all shrink together.
+  for (;;) {
+    optimizer.zero_grad(/*set_to_none=*/true);
+    std::string oom_message;
+    try {
+      const int64_t noise_batch =
+          options_.measure_noise_scale()
+              ? NoiseScaleTracker::small_batch(step_, batch.size(), plan_.micro_batch_size)
+              : 0;
+      last_loss_tensor_ =
+          noise_batch > 0
+              ? accumulate_gradients_measuring_noise(workload_, batch, plan_.micro_batch_size,
+                                                     noise_batch, plan_.amp, scaler_, device,
+                                                     noise_, &data_seconds_)
+              : accumulate_gradients(workload_, batch, plan_.micro_batch_size, plan_.amp,
+                                     scaler_, device, &data_seconds_);
+    } catch (const c10::OutOfMemoryError& e) {
+      // Free what the failed step held, then retry the same samples in
+      // micro-batches half as large: the logical batch stays the same.
+      oom_message = first_line(e.what_without_backtrace());
+      last_loss_tensor_ = at::Tensor();
+      optimizer.zero_grad(/*set_to_none=*/true);
+      memory_.release_cached();
+    }
+    const auto outcome = data_parallel_.share_step(!oom_message.empty(), last_loss_tensor_, device);
+    if (!outcome.out_of_memory) {
+      last_loss_tensor_ = outcome.loss;
+      break;
+    }
+    if (oom_message.empty()) {  // this rank fitted; another did not
+      oom_message = "another rank ran out of memory";
+      last_loss_tensor_ = at::Tensor();
+      optimizer.zero_grad(/*set_to_none=*/true);
+    }
+    if (plan_.micro_batch_size == 1) {
+      throw Error(fmt::format(
+          "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
+          "fit in {} — use a larger --memory-limit or a smaller model",
+          step_ + 1, oom_message, format_bytes(memory_.usable_bytes())));
+    }
+    const int64_t before = plan_.micro_batch_size;
+    plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
+    plan_.accumulation_steps = ceil_div(batch.size(), plan_.micro_batch_size);
+    ++oom_recoveries_;
+    emit(TrainEvent::Kind::kOomRecovery,
+         fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
+                     "as {} micro-batches of {}",
+                     before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
+                     plan_.micro_batch_size));
+  }
+  data_parallel_.average_gradients(workload_.model().parameters());
+  set_learning_rate(optimizer, scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
+  try {
+    scaler_.step(optimizer);
+    scaler_.update();
+  } catch (const c10::OutOfMemoryError& e) {
+    // Halving the micro-batch does not shrink the optimizer step, and a step
+    // that failed half-way has updated some parameters: nothing to retry.
+    throw Error(fmt::format("train: out of memory in the optimizer step (step {}): {}; the "
+                            "optimizer state does not fit in {}",
+                            step_ + 1, first_line(e.what_without_backtrace()),
+                            format_bytes(memory_.usable_bytes())));
+  }
+  optimizer.zero_grad(/*set_to_none=*/true);
+}
+
+double Trainer::evaluate() {
+  if (test_ == nullptr) return 0;
+  // Buffers (batch-norm statistics) follow rank 0's, as PyTorch's DDP does.
+  data_parallel_.broadcast_from_first(workload_.model().buffers());
+  at::NoGradGuard no_grad;
+  workload_.model().train(false);
+  const c10::Device device = memory_.device();
+  int64_t batch = options_.eval_batch_size() > 0 ? options_.eval_batch_size()
+                                                 : plan_.micro_batch_size;
+  int64_t correct = 0;
+  // Data parallel: each rank evaluates its share of the test split.
+  const auto [first, last] =
+      shard_range(test_->size(), data_parallel_.rank(), data_parallel_.world_size());
+  int64_t begin = first;
+  while (begin < last) {
+    const int64_t end = std::min(last, begin + batch);
+    std::vector<int64_t> indices(static_cast<size_t>(end - begin));
+    for (int64_t i = begin; i < end; ++i) indices[static_cast<size_t>(i - begin)] = i;
+    try {
+      const Batch b = to_device(test_->get_batch(indices), device, false);
+      at::Tensor logits;
+      {
+        AutocastGuard autocast(device.type(), plan_.amp);
+        logits = workload_.model().forward(b.inputs[0]);
+      }
+      correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
+      begin = end;
+    } catch (const c10::OutOfMemoryError& e) {
+      memory_.release_cached();
+      if (batch == 1) {
+        workload_.model().train(true);
+        throw Error("train: out of memory evaluating the test set at batch 1: " +
+                    first_line(e.what_without_backtrace()));
+      }
+      batch = (batch + 1) / 2;
+    }
+  }
+  workload_.model().train(true);
+  correct = data_parallel_.sum(correct);
+  return static_cast<double>(correct) / static_cast<double>(test_->size());
+}
+
+TrainSummary Trainer::run() {
+  const int64_t per_epoch = steps_per_epoch();
+  total_steps_ = options_.steps() > 0 ? options_.steps() : options_.epochs() * per_epoch;
+  if (options_.resume() && load_checkpoint()) {
+    resumed_from_step_ = step_;
+    emit(TrainEvent::Kind::kResumed,
+         fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
+                     options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
+                     batch_in_epoch_));
+  }
+  if (plan_.world_size != data_parallel_.world_size()) {
+    throw Error(fmt::format("--plan: world_size {} but this job has {} process(es); launch as "
+                            "many, or make the plan for this job",
+                            plan_.world_size, data_parallel_.world_size()));
+  }
+  // Every rank starts from rank 0's parameters and buffers.
+  data_parallel_.broadcast_from_first(workload_.model().parameters());
+  data_parallel_.broadcast_from_first(workload_.model().buffers());
+  workload_.model().train(true);
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+  memory_.reset_peak();
+
+  // The loader asks for step s's samples ahead of time (and from its own
+  // threads with --workers); they follow from (seed, epoch) alone.
+  Loader loader(
+      train_,
+      [&](int64_t step) -> std::optional<std::vector<int64_t>> {
+        if (step >= total_steps_) return std::nullopt;
+        const int64_t epoch = step / per_epoch;
+        if (order_epoch != epoch) {
+          order = epoch_order(train_.size(), options_.seed(), epoch);
+          order_epoch = epoch;
+        }
+        const auto first = order.begin() + (step % per_epoch) * plan_.global_batch_size;
+        // Data parallel: this rank's shard of the logical batch.
+        return data_parallel_.shard(std::vector<int64_t>(first, first + plan_.global_batch_size));
+      },
+      LoaderOptions()
+          .workers(plan_.workers)
+          .prefetch(plan_.prefetch)
+          .pin_memory(plan_.pin_memory && memory_.device().is_cuda())
+          .first_batch(step_)
+          .seed(options_.seed()));
+
+  while (step_ < total_steps_) {
+    const auto start = Clock::now();
+    if (before_step_) before_step_(step_);
+    const double waited = loader.wait_seconds();
+    const std::optional<Batch> batch = loader.next();
+    data_seconds_ += loader.wait_seconds() - waited;
+    TORCH_CHECK(batch, "Trainer: the loader ended before step ", step_ + 1);
+    train_step(*batch);
+    ++step_;
+    ++batch_in_epoch_;
+    samples_ += plan_.global_batch_size;
+    run_samples_ += plan_.global_batch_size;
+    // Summed only where log lines read it: no op per step otherwise.
+    if (options_.log_every() > 0) {
+      window_loss_ = window_loss_.defined() ? window_loss_ + last_loss_tensor_ : last_loss_tensor_;
+    }
+    ++window_steps_;
+    // No synchronisation per step: the device keeps its queue. The clock is
+    // settled (device work waited for) wherever time is read.
+    train_seconds_ += seconds_since(start);
+
+    if (batch_in_epoch_ == per_epoch) {
+      settle_clock();
+      if (test_ != nullptr) {
+        test_accuracy_ = evaluate();
+        test_accuracy_step_ = step_;
+      }
+      emit(TrainEvent::Kind::kEpochEnd);
+      ++epoch_;
+      batch_in_epoch_ = 0;
+    }
+    if (options_.log_every() > 0 && step_ % options_.log_every() == 0) {
+      settle_clock();
+      emit(TrainEvent::Kind::kLog);
+    }
+    if (options_.progress_interval_s() > 0 &&
+        (train_seconds_ - progress_mark_.train_seconds >= options_.progress_interval_s() ||
+         step_ == total_steps_)) {
+      settle_clock();
+      emit(TrainEvent::Kind::kProgress);
+    }
+    if (!options_.checkpoint_dir().empty() && options_.checkpoint_every() > 0 &&
+        step_ % options_.checkpoint_every() == 0 && step_ < total_steps_) {
+      settle_clock();
+      save_checkpoint();
+    }
+    // Data parallel: every rank stops after the same step when any was
+    // signalled, so that none is left waiting in a collective.
+    const bool stop = data_parallel_.distributed()
+                          ? data_parallel_.sum(interrupt_requested() ? 1 : 0) > 0
+                          : interrupt_requested();
+    if (stop) break;
+  }
+  settle_clock();
+  const bool complete = step_ >= total_steps_;
+  if (last_loss_tensor_.defined()) last_loss_ = last_loss_tensor_.item<double>();
+  // An interrupted run skips the final evaluation: the user asked to stop.
+  if (complete && test_ != nullptr && test_accuracy_step_ != step_) {
+    test_accuracy_ = evaluate();
+    test_accuracy_step_ = step_;
+  }
+  if (!options_.checkpoint_dir().empty()) save_checkpoint();
+
+  TrainSummary s;
+  s.steps = step_;
+  s.samples = samples_;
+  s.epochs = static_cast<double>(step_) / static_cast<double>(per_epoch);
+  s.final_loss = last_loss_;
+  s.test_accuracy = test_ != nullptr ? test_accuracy_ : std::nullopt;
+  s.oom_recoveries = oom_recoveries_;
+  s.micro_batch_size = plan_.micro_batch_size;
+  s.accumulation_steps = plan_.accumulation_steps;
+  s.global_batch_size = plan_.global_batch_size;
+  s.world_size = plan_.world_size;
+  s.skipped_steps = scaler_.skipped_steps();
+  s.seconds = train_seconds_;
+  s.samples_per_s =
+      train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
+  s.resumed_from_step = resumed_from_step_;
+  s.complete = complete;
+  if (!complete) {
+    s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
+  }
+  s.noise_scale = noise_.noise_scale();
+  s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
+  return s;
+}
+
+// A checkpoint is one archive: the model's parameters and buffers, the
+// optimizer, the loss scaler, the default CPU generator and a JSON record of
+// the position (step, epoch, batch within it, samples, plan as it stands).
+
+void Trainer::save_checkpoint() {
+  if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
+  const std::string& dir = options_.checkpoint_dir();
+  ::mkdir(dir.c_str(), 0755);
+  BudgetAllocator::UncountedScope uncounted;  // host copies, not device memory
+  torch::serialize::OutputArchive archive;
+  auto params = workload_.model().parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    archive.write("model/param/" + std::to_string(i), params[i].detach().cpu());
+  }
+  auto buffers = workload_.model().buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    archive.write("model/buffer/" + std::to_string(i), buffers[i].cpu(), /*is_buffer=*/true);
+  }
+  torch::serialize::OutputArchive optimizer;
+  workload_.optimizer().save(optimizer);
+  archive.write("optimizer", optimizer);
+  const auto scaler = scaler_.state();
+  archive.write("scaler", at::tensor(scaler, at::TensorOptions().dtype(at::kDouble)));
+  archive.write("generator", at::detail::getDefaultCPUGenerator().get_state());
+  const nlohmann::json meta = {
+      {"step", step_},
+      {"epoch", epoch_},
+      {"batch_in_epoch", batch_in_epoch_},
+      {"samples", samples_},
+      {"oom_recoveries", oom_recoveries_},
+      {"seed", options_.seed()},
+      {"model", workload_.model().describe()},
+      {"train_size", train_.size()},
+      {"plan", to_json(plan_)},
+  };
+  archive.write("meta", c10::IValue(meta.dump()));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  const std::string path = dir + "/" + kCheckpointFile;
+  write_file_atomically(path, bytes.str());
+  emit(TrainEvent::Kind::kCheckpoint, "checkpoint " + path);
+}
+
+bool Trainer::load_checkpoint() {
+  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  BudgetAllocator::UncountedScope uncounted;
+  torch::serialize::InputArchive archive;
+  nlohmann::json meta;
+  try {
+    archive.load_from(path, c10::Device(c10::kCPU));
+    c10::IValue meta_value;
+    archive.read("meta", meta_value);
+    meta = nlohmann::json::parse(meta_value.toStringRef());
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("--resume: {} is not a batchtune checkpoint ({})", path,
+                            first_line(e.what())));
+  }
+  const Plan saved = plan_from_json(meta.at("plan"), "--resume " + path);
+  if (meta.at("model").get<std::string>() != workload_.model().describe()) {
+    throw Error(fmt::format("--resume: {} holds {}, not {}; use the same --model and --input",
+                            path, meta.at("model").get<std::string>(),
+                            workload_.model().describe()));
+  }
+  if (saved.global_batch_size != plan_.global_batch_size ||
+      meta.at("train_size").get<int64_t>() != train_.size() ||
+      meta.at("seed").get<uint64_t>() != options_.seed()) {
+    throw Error(fmt::format("--resume: {} was written by a run with global batch {}, {} "
+                            "training samples and seed {}; this one has {}, {} and {}",
+                            path, saved.global_batch_size, meta.at("train_size").get<int64_t>(),
+                            meta.at("seed").get<uint64_t>(), plan_.global_batch_size,
+                            train_.size(), options_.seed()));
+  }
+  at::NoGradGuard no_grad;
+  auto params = workload_.model().parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor t;
+    archive.read("model/param/" + std::to_string(i), t);
+    params[i].copy_(t);
+  }
+  auto buffers = workload_.model().buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    at::Tensor t;
+    archive.read("model/buffer/" + std::to_string(i), t, /*is_buffer=*/true);
+    buffers[i].copy_(t);
+  }
+  torch::serialize::InputArchive optimizer;
+  archive.read("optimizer", optimizer);
+  workload_.optimizer().load(optimizer);
+  at::Tensor scaler;
+  archive.read("scaler", scaler);
+  scaler_.load_state({scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});
+  at::Tensor generator;
+  archive.read("generator", generator);
+  at::Generator default_generator = at::detail::getDefaultCPUGenerator();
+  default_generator.set_state(generator);
+
+  step_ = meta.at("step").get<int64_t>();
+  epoch_ = meta.at("epoch").get<int64_t>();
+  batch_in_epoch_ = meta.at("batch_in_epoch").get<int64_t>();
+  samples_ = meta.at("samples").get<int64_t>();
+  oom_recoveries_ = meta.at("oom_recoveries").get<int64_t>();
+  // Keep the smaller micro-batch an earlier out-of-memory forced.
+  if (saved.micro_batch_size < plan_.micro_batch_size) {
+    plan_.micro_batch_size = saved.micro_batch_size;
+    plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
+  }
+  return true;
+}
+
+}  // namespace batchtune

@@ -1,0 +1,97 @@
+#include "batchtune/tuning/goodput.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+namespace batchtune {
+
+double statistical_efficiency(double noise_scale, double base_batch, double batch) {
+  TORCH_CHECK(noise_scale >= 0 && base_batch > 0 && batch > 0,
+              "statistical_efficiency: need noise scale >= 0 and positive batches, got ",
+              noise_scale, ", ", base_batch, ", ", batch);
+  if (std::isinf(noise_scale)) return 1;  // all noise: every sample counts alike
+  return (noise_scale + base_batch) / (noise_scale + batch);
+}
+
+std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& rows,
+                                                 double noise_scale, int64_t base_batch,
+                                                 int64_t max_global_batch) {
+  TORCH_CHECK(!rows.empty(), "goodput_candidates: no sweep rows");
+  TORCH_CHECK(base_batch >= 1, "goodput_candidates: base batch must be at least 1, got ",
+              base_batch);
+  int64_t largest = 0;
+  for (const auto& row : rows) largest = std::max(largest, row.batch_size);
+  int64_t cap = std::max(base_batch, largest * kGoodputMaxAccumulation);
+  if (max_global_batch > 0) cap = std::min(cap, std::max(base_batch, max_global_batch));
+
+  std::set<int64_t> globals{base_batch};
+  for (const auto& row : rows) globals.insert(row.batch_size);
+  for (int64_t b = 1; b <= cap; b *= 2) globals.insert(b);
+
+  std::vector<GoodputCandidate> out;
+  for (int64_t global : globals) {
+    if (global < base_batch || global > cap) continue;
+    const SweepRow* best = nullptr;
+    for (const auto& row : rows) {
+      if (row.batch_size <= global && global % row.batch_size == 0 &&
+          (best == nullptr || row.samples_per_s > best->samples_per_s)) {
+        best = &row;
+      }
+    }
+    // No measured micro-batch divides it, or only with too many micro-batches.
+    if (best == nullptr || global / best->batch_size > kGoodputMaxAccumulation) continue;
+    GoodputCandidate c;
+    c.global_batch_size = global;
+    c.micro_batch_size = best->batch_size;
+    c.accumulation_steps = global / best->batch_size;
+    c.samples_per_s = best->samples_per_s;
+    c.efficiency = statistical_efficiency(noise_scale, static_cast<double>(base_batch),
+                                          static_cast<double>(global));
+    c.goodput = c.samples_per_s * c.efficiency;
+    out.push_back(c);
+  }
+  return out;
+}
+
+GoodputChoice select_goodput(const std::vector<GoodputCandidate>& candidates, double noise_scale,
+                             int64_t base_batch) {
+  TORCH_CHECK(!candidates.empty(), "select_goodput: no candidates");
+  const GoodputCandidate* best = &candidates.front();
+  const GoodputCandidate* fastest = &candidates.front();
+  for (const auto& c : candidates) {
+    if (c.goodput > best->goodput ||
+        (c.goodput == best->goodput && c.global_batch_size < best->global_batch_size)) {
+      best = &c;
+    }
+    if (c.samples_per_s > fastest->samples_per_s ||
+        (c.samples_per_s == fastest->samples_per_s &&
+         c.global_batch_size < fastest->global_batch_size)) {
+      fastest = &c;
+    }
+  }
+  const auto run_as = [](const GoodputCandidate& c) {
+    return c.accumulation_steps == 1
+               ? fmt::format("micro-batch {}, no accumulation", c.micro_batch_size)
+               : fmt::format("micro-batch {} x {} accumulation", c.micro_batch_size,
+                             c.accumulation_steps);
+  };
+  std::string reason = fmt::format(
+      "goodput: global batch {} ({}) makes the most progress per second: {:.1f} samples/s x "
+      "statistical efficiency {:.3f} = {:.1f} useful samples/s, with gradient noise scale {:.0f} "
+      "and base batch {}",
+      best->global_batch_size, run_as(*best), best->samples_per_s, best->efficiency,
+      best->goodput, noise_scale, base_batch);
+  if (fastest->global_batch_size != best->global_batch_size) {
+    reason += fmt::format(
+        "; the fastest, global batch {} at {:.1f} samples/s, has efficiency {:.3f} and so only "
+        "{:.1f}",
+        fastest->global_batch_size, fastest->samples_per_s, fastest->efficiency, fastest->goodput);
+  }
+  return {*best, reason};
+}
+
+}  // namespace batchtune
