@@ -31,7 +31,7 @@
 namespace {
 
 using namespace batchtune;
-using Clock = std::chrono::steady_clock;
+using WallClock = std::chrono::steady_clock;
 
 constexpr const char* kDir = "/tmp/batchtune-bench-loader";
 constexpr int kClasses = 4;
@@ -108,11 +108,11 @@ int main(int argc, char** argv) {
     for (size_t c = 0; c < decode_workers.size(); ++c) {
       Loader loader(data, epoch_batches(data.size(), kBatch, data.size() / kBatch, r),
                     LoaderOptions().workers(decode_workers[c]));
-      const auto start = Clock::now();
+      const auto start = WallClock::now();
       int64_t samples = 0;
       while (auto batch = loader.next()) samples += batch->inputs[0].size(0);
       decode_rates[c].push_back(samples /
-                                std::chrono::duration<double>(Clock::now() - start).count());
+                                std::chrono::duration<double>(WallClock::now() - start).count());
       decode_ratios[c].push_back(decode_rates[c].back() / decode_rates[0].back());
     }
   }

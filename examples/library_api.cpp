@@ -4,12 +4,12 @@
 //
 // A project of your own finds the library with find_package(batchtune) and
 // links batchtune::batchtune.
-#include <batchtune/budget_allocator.h>
-#include <batchtune/device_memory.h>
-#include <batchtune/input_spec.h>
-#include <batchtune/module_model.h>
-#include <batchtune/trial.h>
-#include <batchtune/workload.h>
+#include <batchtune/memory/budget_allocator.h>
+#include <batchtune/memory/device_memory.h>
+#include <batchtune/data/input_spec.h>
+#include <batchtune/models/module_model.h>
+#include <batchtune/step/trial.h>
+#include <batchtune/step/workload.h>
 #include <torch/torch.h>
 
 #include <iostream>

@@ -1,4 +1,4 @@
-#include "batchtune/monitoring/energy.h"
+#include "batchtune/tuning/energy.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

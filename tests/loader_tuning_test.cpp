@@ -81,11 +81,12 @@ TEST(LoaderTuning, StepsFillASecondWithinBounds) {
 
 TEST(LoaderTuning, ChoiceGoesIntoThePlan) {
   batchtune::Plan plan;
-  plan.reasons = {"micro-batch 8", "input pipeline: 0 workers, pin_memory off, prefetch 2"};
+  plan.reasons = {{batchtune::PlanField::kMicroBatch, "micro-batch 8"},
+                  {batchtune::PlanField::kInputPipeline, "input pipeline: 0 workers, pin_memory off, prefetch 2"}};
   batchtune::apply_loader_choice(plan, {2, false, "loader: 2 workers: the fewest ..."});
   EXPECT_EQ(plan.workers, 2);
   EXPECT_EQ(plan.reasons.size(), 2U);
-  EXPECT_EQ(plan.reasons[1].rfind("input pipeline: 2 workers", 0), 0U) << plan.reasons[1];
+  EXPECT_EQ(plan.reasons[1].text.rfind("input pipeline: 2 workers", 0), 0U) << plan.reasons[1].text;
   const auto json = batchtune::to_json(std::vector<LoaderRow>{{2, false, 10.5, 0.01}});
   EXPECT_EQ(json[0]["workers"], 2);
   EXPECT_EQ(json[0]["pin_memory"], false);
@@ -122,7 +123,7 @@ TEST(LoaderTuning, TuneOnAnImageFolderReportsEachWorkerCountAndPicksOne) {
   for (const auto& row : j["loader"]) {
     if (row["workers"] == j["plan"]["workers"]) chosen = row["data_wait_fraction"].get<double>();
   }
-  EXPECT_EQ(j["diagnosis"]["kind"] == "input-bound", chosen >= batchtune::kLoaderMaxWait)
+  EXPECT_EQ(j["diagnosis"]["kind"] == "input-bound", chosen >= batchtune::kInputBoundWait)
       << j["diagnosis"].dump() << " " << chosen;
 
   const auto synthetic = batchtune::testing::run_cli(

@@ -1,4 +1,4 @@
-#include "batchtune/training/noise_scale.h"
+#include "batchtune/step/noise_scale.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -8,7 +8,8 @@
 
 #include "batchtune/data/dataset.h"
 #include "batchtune/memory/device_memory.h"
-#include "batchtune/step/loss_scaler.h"
+#include "batchtune/step/training_step.h"
+#include "batchtune/tuning/noise_run.h"
 #include "batchtune/training/trainer.h"
 #include "batchtune/step/workload.h"
 #include "test_helpers.h"
@@ -132,26 +133,23 @@ TEST(NoiseScale, MeasuringLeavesTheGradientsOfOneLogicalBatch) {
   const auto data = toy_data(64, 1);
   std::vector<int64_t> indices(48);
   for (int64_t i = 0; i < 48; ++i) indices[static_cast<size_t>(i)] = 2 * i % 61;
-  const LossScaler scaler(LossScalerOptions().enabled(false));
   const c10::Device cpu(c10::kCPU);
+  const auto options = StepOptions().micro_batch_size(12);
 
   Workload plain = mlp();
-  plain.optimizer().zero_grad(true);
   const double plain_loss =
-      accumulate_gradients(plain, *data, indices, 12, AmpMode::kOff, scaler, cpu).item<double>();
+      TrainingStep(plain, cpu, options).backward(data->get_batch(indices)).item<double>();
 
   Workload first = mlp();  // the first micro-batch alone: the small gradient
-  first.optimizer().zero_grad(true);
-  accumulate_gradients(first, *data, {indices.begin(), indices.begin() + 12}, 12, AmpMode::kOff,
-                       scaler, cpu);
+  TrainingStep(first, cpu, options)
+      .backward(data->get_batch({indices.begin(), indices.begin() + 12}));
 
+  // With accumulation (48 in micro-batches of 12) every step measures: the
+  // first micro-batch against the logical batch.
   Workload measured = mlp();
-  measured.optimizer().zero_grad(true);
-  NoiseScaleTracker tracker;
-  const double measured_loss =
-      accumulate_gradients_measuring_noise(measured, data->get_batch(indices), 12, 12, AmpMode::kOff,
-                                           scaler, cpu, tracker)
-          .item<double>();
+  TrainingStep measuring(measured, cpu, StepOptions(options).measure_noise_scale(true));
+  const double measured_loss = measuring.backward(data->get_batch(indices)).item<double>();
+  NoiseScaleTracker& tracker = measuring.noise_scale();
   EXPECT_NEAR(measured_loss, plain_loss, 1e-6);
   const auto a = plain.model().parameters();
   const auto b = measured.model().parameters();

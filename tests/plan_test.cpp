@@ -47,8 +47,8 @@ TEST(Plan, TargetNotAMultipleTakesTheNearestAndSaysSo) {
   const Plan plan = make_plan(PlanOptions().micro_batch_size(64).target_batch(500));
   EXPECT_EQ(plan.accumulation_steps, 8);
   EXPECT_EQ(plan.global_batch_size, 512);
-  EXPECT_NE(plan.reasons[0].find("not a multiple"), std::string::npos) << plan.reasons[0];
-  EXPECT_NE(plan.reasons[0].find("+2.4 %"), std::string::npos) << plan.reasons[0];
+  EXPECT_NE(plan.reasons[0].text.find("not a multiple"), std::string::npos) << plan.reasons[0].text;
+  EXPECT_NE(plan.reasons[0].text.find("+2.4 %"), std::string::npos) << plan.reasons[0].text;
 }
 
 TEST(Plan, WarmupRuleGrowsWithTheScaleFactor) {
@@ -103,10 +103,10 @@ TEST(Plan, JsonRoundTripKeepsEveryField) {
   const nlohmann::json json = to_json(plan);
   for (const char* key : {"micro_batch_size", "accumulation_steps", "world_size",
                           "global_batch_size", "lr", "lr_scaling", "warmup_steps", "amp",
-                          "workers", "pin_memory", "prefetch", "reasons"}) {
+                          "workers", "pin_memory", "prefetch", "reasons", "workload"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 12U);
+  EXPECT_EQ(json.size(), 13U);
   const Plan back = plan_from_json(nlohmann::json::parse(json.dump()), "test");
   EXPECT_EQ(to_json(back), json);
   // As `tune --json` writes it: inside a `plan` field.

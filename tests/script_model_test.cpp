@@ -1,3 +1,4 @@
+#include "batchtune/step/training_step.h"
 #include "batchtune/models/script_model.h"
 
 #include <fmt/format.h>
@@ -115,9 +116,9 @@ WorkloadOptions token_options(const std::string& path) {
 /// Trains `steps` steps on one batch; returns the first and the last loss.
 std::pair<double, double> train_on_one_batch(Workload& workload, int steps) {
   const Batch batch = workload.synthetic_batch(16);
-  const double first = workload.step(batch).item<double>();
+  const double first = TrainingStep(workload, c10::Device(c10::kCPU)).run(batch).item<double>();
   double last = first;
-  for (int i = 1; i < steps; ++i) last = workload.step(batch).item<double>();
+  for (int i = 1; i < steps; ++i) last = TrainingStep(workload, c10::Device(c10::kCPU)).run(batch).item<double>();
   return {first, last};
 }
 
@@ -212,7 +213,7 @@ TEST(ScriptModel, TrialLeavesNoTrace) {
   TempFile file("float.pt");
   Workload workload(float_options(saved(float_module(), file)));
   auto memory = make_device_memory(c10::Device(c10::kCPU), 256 * kMiB);
-  workload.step(workload.synthetic_batch(4));  // optimizer state exists already
+  TrainingStep(workload, c10::Device(c10::kCPU)).run(workload.synthetic_batch(4));  // optimizer state exists already
   const auto params = copies(workload.model().parameters());
   const auto buffers = copies(workload.model().buffers());
   std::vector<torch::Tensor> state;

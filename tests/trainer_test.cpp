@@ -35,15 +35,12 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheGradientsOfOneBatch) {
   const auto data = toy_data({1, 12, 12}, 48, 5, 1);
   std::vector<int64_t> indices(48);
   for (int64_t i = 0; i < 48; ++i) indices[static_cast<size_t>(i)] = 47 - i;
-  const LossScaler scaler(LossScalerOptions().enabled(false));
   std::vector<std::vector<at::Tensor>> results;
   std::vector<double> losses;
   for (int64_t micro : {48, 12, 5}) {  // one batch; 4 x 12; 9 x 5 + 3 (uneven)
     Workload w = make_workload("lenet", {1, 12, 12}, 5);
-    w.optimizer().zero_grad(true);
-    losses.push_back(accumulate_gradients(w, *data, indices, micro, AmpMode::kOff, scaler,
-                                          c10::Device(c10::kCPU))
-                         .item<double>());
+    TrainingStep step(w, c10::Device(c10::kCPU), StepOptions().micro_batch_size(micro));
+    losses.push_back(step.backward(data->get_batch(indices)).item<double>());
     results.push_back(gradients(w));
   }
   for (size_t r = 1; r < results.size(); ++r) {

@@ -1,3 +1,4 @@
+#include "batchtune/step/training_step.h"
 #include "batchtune/step/trial.h"
 
 #include <gtest/gtest.h>
@@ -47,7 +48,7 @@ struct Fixture {
 TEST(TrialRunner, FittingTrialMeasuresAndLeavesNoTrace) {
   Fixture f("resnet18", 1024 * kMiB);  // has batch-norm buffers
   // Some optimizer state before the trial, as in a run that is under way.
-  f.workload.step(f.workload.synthetic_batch(4));
+  TrainingStep(f.workload, c10::Device(c10::kCPU)).run(f.workload.synthetic_batch(4));
   const auto params = copies(f.workload.model().parameters());
   const auto buffers = copies(f.workload.model().buffers());
   const auto state = adam_state(f.workload);

@@ -1,3 +1,4 @@
+#include "batchtune/step/training_step.h"
 #include "batchtune/step/workload.h"
 
 #include <gtest/gtest.h>
@@ -17,7 +18,7 @@ TEST(Models, EveryBuiltinModelTrainsOneStep) {
     const auto out = workload.model().forward(batch.input());
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{4, 5})) << name;
     const auto before = workload.model().parameters().front().clone();
-    const double loss = workload.step(batch).item<double>();
+    const double loss = TrainingStep(workload, c10::Device(c10::kCPU)).run(batch).item<double>();
     EXPECT_TRUE(std::isfinite(loss)) << name;
     EXPECT_FALSE(torch::equal(before, workload.model().parameters().front())) << name;
   }
@@ -54,9 +55,9 @@ TEST(Workload, RegressionTargetsTrainWithMse) {
   const Batch batch = workload.synthetic_batch(8);
   EXPECT_EQ(batch.target.sizes(), (std::vector<int64_t>{8, 3}));
   EXPECT_EQ(batch.target.scalar_type(), at::kFloat);
-  const double first = workload.step(batch).item<double>();
+  const double first = TrainingStep(workload, c10::Device(c10::kCPU)).run(batch).item<double>();
   double last = first;
-  for (int i = 0; i < 30; ++i) last = workload.step(batch).item<double>();
+  for (int i = 0; i < 30; ++i) last = TrainingStep(workload, c10::Device(c10::kCPU)).run(batch).item<double>();
   EXPECT_LT(last, 0.5 * first) << first << " -> " << last;
 }
 

@@ -1,6 +1,12 @@
+#include <unistd.h>
+
+#include <cstdio>
 #include <iostream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/reports/tune_report.h"
+#include "batchtune/tuning/tune.h"
 #include "batchtune/reports/train_reporter.h"
 #include "commands.h"
 #include "plan_flags.h"
@@ -26,7 +32,15 @@ int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
     out << flags.plan.plan_file << ": a valid plan\n";
   } else {
     ResolvedWorkload resolved = resolve_workload(flags.workload);
-    plan = resolve_plan(flags.plan, cmd, *resolved.workload, *resolved.memory);
+    // Without a batch size or a plan file a quick tune finds the micro-batch,
+    // with its progress on the terminal.
+    ConsoleTuneReporter console(out, isatty(fileno(stderr)) != 0 ? &std::cerr : nullptr);
+    InterruptHandler interrupts;
+    plan = resolve_plan(plan_request(flags.plan, cmd, flags.workload.lr), *resolved.workload,
+                        *resolved.memory, kDefaultMaxBatch, &console, nullptr, [] {
+                          return interrupt_requested() ? std::optional<std::string>(interrupt_name())
+                                                       : std::nullopt;
+                        });
   }
   print_plan(out, plan);
   if (!flags.json.empty()) write_json_output(flags.json, to_json(plan));

@@ -2,12 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 
-#include "batchtune/step/amp.h"
 #include "batchtune/common/error.h"
-#include "batchtune/tuning/loader_tuning.h"
-#include "batchtune/tuning/quick_tune.h"
+#include "batchtune/step/amp.h"
 
 namespace batchtune::cli {
 
@@ -42,112 +39,27 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
       ->capture_default_str();
 }
 
-Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
-                  DeviceMemory& memory, int64_t max_batch, int64_t tuned_batch,
-                  std::string tuned_reason) {
+PlanRequest plan_request(const PlanFlags& flags, const CLI::App& app, double lr) {
   const auto given = [&](const char* name) { return app.count(name) > 0; };
-  if (given("--batch-size") && flags.batch_size < 1) {
-    throw Error(fmt::format("--batch-size: must be at least 1, got {}", flags.batch_size));
-  }
-  if (given("--target-batch") && flags.target_batch < 1) {
-    throw Error(fmt::format("--target-batch: must be at least 1, got {}", flags.target_batch));
-  }
-  if (given("--base-batch") && flags.base_batch < 1) {
-    throw Error(fmt::format("--base-batch: must be at least 1, got {}", flags.base_batch));
-  }
-  if (given("--warmup") && flags.warmup < 0) {
-    throw Error(fmt::format("--warmup: must be 0 or more steps, got {}", flags.warmup));
-  }
-  if (given("--base-lr") && !(flags.base_lr > 0)) {
-    throw Error(fmt::format("--base-lr: must be positive, got {}", flags.base_lr));
-  }
-  if (given("--lr-scaling")) parse_lr_scaling(flags.lr_scaling);
-  if (flags.workers < 0) {
-    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
-                            flags.workers));
-  }
-  if (flags.prefetch < 0) {
-    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
-                            flags.prefetch));
-  }
+  PlanRequest r;
+  if (given("--batch-size")) r.micro_batch_size = flags.batch_size;
+  r.plan_file = flags.plan_file;
+  if (given("--target-batch")) r.target_batch = flags.target_batch;
+  if (given("--base-lr")) r.base_lr = flags.base_lr;
+  if (given("--base-batch")) r.base_batch = flags.base_batch;
+  if (given("--lr-scaling")) r.lr_scaling = parse_lr_scaling(flags.lr_scaling);
+  if (given("--warmup")) r.warmup_steps = flags.warmup;
+  // `--amp auto` given asks for auto even over a plan file's precision.
+  if (given("--amp") || flags.plan_file.empty()) r.amp = parse_amp(flags.amp);
+  if (given("--workers")) r.workers = flags.workers;
+  if (given("--prefetch")) r.prefetch = flags.prefetch;
   if (flags.pin_memory != "auto" && flags.pin_memory != "on" && flags.pin_memory != "off") {
     throw Error(fmt::format("--pin-memory: use auto, on or off, not '{}'", flags.pin_memory));
   }
-  const AmpMode amp_asked = parse_amp(flags.amp);
-
-  PlanOptions options;
-  options.optimizer(workload.options().optimizer())
-      .target_batch(flags.target_batch)
-      .base_lr(given("--base-lr") ? flags.base_lr : workload.options().lr())
-      .base_batch(flags.base_batch)
-      .lr_scaling(flags.lr_scaling)
-      .warmup_steps(flags.warmup)
-      .pin_memory(memory.device().is_cuda());
-
-  if (!flags.plan_file.empty()) {
-    const Plan file = read_plan_file(flags.plan_file);
-    options.micro_batch_size(given("--batch-size") ? flags.batch_size : file.micro_batch_size)
-        .world_size(flags.world_size)
-        .target_batch(given("--target-batch") ? flags.target_batch : file.global_batch_size)
-        .base_lr(given("--base-lr") ? flags.base_lr : file.lr)
-        .base_batch(given("--base-batch") ? flags.base_batch : file.global_batch_size)
-        .lr_scaling(given("--lr-scaling") ? flags.lr_scaling : lr_scaling_name(file.lr_scaling))
-        .warmup_steps(given("--warmup") ? flags.warmup : file.warmup_steps)
-        .workers(file.workers)
-        .pin_memory(file.pin_memory)
-        .prefetch(file.prefetch);
-    if (given("--amp")) {
-      const AmpChoice amp = choose_amp(
-          amp_asked, workload, memory, std::min(options.micro_batch_size(), kAmpProbeMaxBatch));
-      options.amp(amp.mode).amp_reason(amp.reason);
-    } else {
-      options.amp(file.amp).amp_reason(
-          fmt::format("amp {}: from {}", amp_name(file.amp), flags.plan_file));
-    }
-  } else {
-    int64_t micro = flags.batch_size;
-    if (tuned_batch > 0) {
-      micro = tuned_batch;
-    } else if (!given("--batch-size")) {
-      // A quick tune finds the micro-batch; the flags fill in the rest.
-      const TunedBatch tuned = quick_tune(workload, memory, max_batch);
-      micro = tuned.batch_size;
-      tuned_reason = tuned.reason;
-      if (flags.agree_batch) {
-        const int64_t agreed = flags.agree_batch(micro);
-        if (agreed != micro) {
-          tuned_reason += fmt::format("; {} on another rank: the smallest is taken", agreed);
-          micro = agreed;
-        }
-      }
-    }
-    options.micro_batch_size(micro).world_size(flags.world_size);
-    const AmpChoice amp =
-        choose_amp(amp_asked, workload, memory, std::min(micro, kAmpProbeMaxBatch));
-    options.amp(amp.mode).amp_reason(amp.reason);
-  }
-  if (given("--workers")) options.workers(flags.workers);
-  if (given("--prefetch")) options.prefetch(flags.prefetch);
-  if (given("--pin-memory") && flags.pin_memory != "auto") {
-    options.pin_memory(flags.pin_memory == "on");
-  }
-  // Pinned memory speeds host-to-device copies; the CPU copies nothing.
-  const bool cpu = !memory.device().is_cuda();
-  if (cpu) options.pin_memory(false);
-  Plan plan = make_plan(options);
-  set_pipeline_reason(plan, cpu ? "pinned memory does not apply on the CPU (no copy to a "
-                                  "device)"
-                                : "");
-  if (!tuned_reason.empty()) plan.reasons.insert(plan.reasons.begin(), tuned_reason);
-  if (given("--lr")) {
-    plan.lr = workload.options().lr();
-    for (auto& reason : plan.reasons) {
-      if (reason.rfind("lr ", 0) == 0) {
-        reason = fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr);
-      }
-    }
-  }
-  return plan;
+  if (flags.pin_memory != "auto") r.pin_memory = flags.pin_memory == "on";
+  if (given("--lr")) r.lr = lr;
+  validate(r);
+  return r;
 }
 
 }  // namespace batchtune::cli

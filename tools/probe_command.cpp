@@ -1,10 +1,12 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "batchtune/reports/console_reporter.h"
 #include "batchtune/common/error.h"
 #include "batchtune/reports/json_reporter.h"
+#include "batchtune/step/amp.h"
 #include "batchtune/step/trial.h"
 #include "commands.h"
 #include "workload_flags.h"
@@ -18,12 +20,17 @@ struct ProbeFlags {
   int64_t steps = 3;
   int64_t warmup = 1;
   double margin = kDefaultMargin;
+  std::string amp = "auto";
   std::string json;
 };
 
 int run_probe(const ProbeFlags& flags) {
+  const AmpMode asked = parse_amp(flags.amp);
   ResolvedWorkload resolved = resolve_workload(flags.workload);
-  TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin);
+  // The step at the precision training would use (auto: as train resolves it).
+  const AmpChoice amp = choose_amp(asked, *resolved.workload, *resolved.memory,
+                                   std::min(std::max<int64_t>(flags.batch_size, 1), kAmpProbeMaxBatch));
+  TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin, amp.mode);
   const TrialResult result = runner.run(TrialOptions()
                                             .batch_size(flags.batch_size)
                                             .steps(flags.steps)
@@ -32,6 +39,7 @@ int run_probe(const ProbeFlags& flags) {
     fmt::print("{} on {}, {} thread(s)\n", resolved.workload->model().describe(),
                resolved.memory->device().str(), resolved.threads);
     fmt::print("input: {}\n", describe(resolved.workload->input_spec()));
+    fmt::print("{}\n", amp.reason);
     print_trial(std::cout, result);
   }
   if (!flags.json.empty()) write_json_output(flags.json, to_json(result));
@@ -49,6 +57,9 @@ CommandRun add_probe_command(CLI::App& app) {
   cmd->add_option("--warmup", flags->warmup, "untimed steps before them")->capture_default_str();
   cmd->add_option("--margin", flags->margin,
                   "share of the capacity kept free (fits = peak <= capacity x (1 - margin))")
+      ->capture_default_str();
+  cmd->add_option("--amp", flags->amp,
+                  "precision of the step: off, bf16, fp16 or auto (as train resolves it)")
       ->capture_default_str();
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   return [flags] { return run_probe(*flags); };

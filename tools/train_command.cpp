@@ -11,6 +11,8 @@
 #include "batchtune/training/trainer.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/monitoring/monitor.h"
+#include "batchtune/reports/tune_report.h"
+#include "batchtune/tuning/tune.h"
 #include "commands.h"
 #include "data_flags.h"
 #include "distributed_flags.h"
@@ -60,12 +62,23 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.checkpoint_every > 0 && flags.checkpoint.empty()) {
     throw Error("--checkpoint-every: needs --checkpoint DIR to write to");
   }
-  // A bad plan file fails now, before the data loads and lines are printed.
-  if (!flags.plan.plan_file.empty()) read_plan_file(flags.plan.plan_file);
-  // Ctrl-C or SIGTERM stops after the current optimizer step, with a
-  // checkpoint and a summary marked incomplete (a second one ends at once).
-  InterruptHandler interrupts;
+  // A bad plan file fails now, before the data loads and lines are printed;
+  // the workload it was made for fills in what the flags leave out.
   WorkloadFlags workload_flags = flags.workload;
+  if (!flags.plan.plan_file.empty()) {
+    const Plan file = read_plan_file(flags.plan.plan_file);
+    if (cmd.count("--model") == 0 && !file.workload.model.empty()) {
+      workload_flags.model = file.workload.model;
+    }
+    if (cmd.count("--optimizer") == 0 && !file.workload.optimizer.empty()) {
+      workload_flags.optimizer = file.workload.optimizer;
+    }
+  }
+  const PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
+  // Ctrl-C or SIGTERM stops after the current optimizer step (or trial of
+  // the quick tune), with a checkpoint and a summary marked incomplete (a
+  // second one ends at once).
+  InterruptHandler interrupts;
   // Data parallel: rank 0 alone prints and writes.
   const RankEnvironment env = place_rank(flags.distributed, workload_flags);
   std::ostream& out = env.rank != 0 ? null_stream() : flags.json == "-" ? std::cerr : std::cout;
@@ -82,10 +95,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   Job job = join_job(flags.distributed, env, resolved.memory->device());
   DataParallel data_parallel(job.communicator.get());
-  PlanFlags plan_flags = flags.plan;
-  plan_flags.world_size = env.world_size;
   if (env.distributed()) {
-    plan_flags.agree_batch = [&](int64_t batch) { return data_parallel.min(batch); };
     out << fmt::format("rank 0 of {} ({}, timeout {} s)\n", env.world_size,
                        job.communicator->backend(), flags.distributed.timeout_s);
   }
@@ -93,9 +103,31 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                      resolved.workload->model().describe(), resolved.memory->device().str(),
                      resolved.threads, data.train->describe(),
                      data.test ? "; test: " + data.test->describe() : std::string());
-  // A quick tune never tries a batch larger than the training data.
-  const Plan plan = data_parallel.agree_plan(resolve_plan(
-      plan_flags, cmd, *resolved.workload, *resolved.memory, data.train->size()));
+  PlanRequest job_request = request;
+  job_request.world_size = env.world_size;
+  if (!job_request.micro_batch_size && job_request.plan_file.empty()) {
+    out << "no --batch-size or --plan: a quick tune finds the micro-batch\n" << std::flush;
+  }
+  // A quick tune never tries a batch larger than the training data; its
+  // progress shows on a terminal, and an interrupt ends it within a trial.
+  ConsoleTuneReporter console(out, job.primary() && ::isatty(STDERR_FILENO) != 0 ? &std::cerr
+                                                                                : nullptr);
+  Plan plan;
+  try {
+    plan = data_parallel.agree_plan(resolve_plan(
+        job_request, *resolved.workload, *resolved.memory, data.train->size(), &console,
+        &data_parallel, [] {
+          return interrupt_requested() ? std::optional<std::string>(interrupt_name())
+                                       : std::nullopt;
+        }));
+  } catch (const Interrupted&) {
+    TrainSummary stopped;
+    stopped.complete = false;
+    stopped.interrupted_by = interrupt_name();
+    out << "interrupted by " << interrupt_name() << " during the quick tune: nothing trained\n";
+    if (!flags.json.empty() && job.primary()) write_json_output(flags.json, to_json(stopped));
+    return interrupt_exit_code();
+  }
   print_plan(out, plan);
 
   Trainer trainer(*resolved.workload, *resolved.memory, plan, *data.train, data.test.get(),
@@ -142,7 +174,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   nlohmann::json json = to_json(summary);
   json["skipped_samples"] = data.train->skipped_samples();
   json["data_wait_fraction"] = summary.data_wait_fraction;
-  json["input_bound"] = summary.data_wait_fraction >= kLoaderMaxWait;
+  json["input_bound"] = summary.data_wait_fraction >= kInputBoundWait;
   if (!flags.json.empty() && job.primary()) write_json_output(flags.json, json);
   return summary.complete ? 0 : interrupt_exit_code();
 }

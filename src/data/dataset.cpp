@@ -67,24 +67,34 @@ SyntheticDataset::SyntheticDataset(std::vector<int64_t> sample_shape, int64_t cl
                                    int64_t size, uint64_t seed)
     : shape_(std::move(sample_shape)), classes_(classes), size_(size), seed_(seed) {
   TORCH_CHECK(size_ > 0 && classes_ >= 2, "SyntheticDataset: need samples and 2+ classes");
+  // The pool is the data set's storage, made once: host memory outside the
+  // emulated device budget, as a real data set's files are.
+  BudgetAllocator::UncountedScope uncounted;
+  const int64_t pool = std::min(size_, kSyntheticPoolSize);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + 17);
+  std::vector<int64_t> shape{pool};
+  shape.insert(shape.end(), shape_.begin(), shape_.end());
+  pool_inputs_ = at::randn(shape, generator, at::TensorOptions().dtype(at::kFloat));
+  pool_targets_ = at::randint(classes_, {pool}, generator, at::TensorOptions().dtype(at::kLong));
 }
 
 Batch SyntheticDataset::get_batch(const std::vector<int64_t>& indices) const {
-  std::vector<int64_t> shape{static_cast<int64_t>(indices.size())};
-  shape.insert(shape.end(), shape_.begin(), shape_.end());
-  Batch batch;
-  batch.inputs = {at::empty(shape, at::TensorOptions().dtype(at::kFloat))};
-  batch.target = at::empty({static_cast<int64_t>(indices.size())},
-                           at::TensorOptions().dtype(at::kLong));
+  const int64_t pool = pool_targets_.size(0);
+  std::vector<int64_t> rows(indices.size());
   for (size_t i = 0; i < indices.size(); ++i) {
     TORCH_CHECK(indices[i] >= 0 && indices[i] < size_, "SyntheticDataset: index ", indices[i],
                 " out of range");
-    // One generator per sample: sample i is the same in whatever batch.
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(
-        seed_ * 1000003 + static_cast<uint64_t>(indices[i]));
-    batch.inputs[0][static_cast<int64_t>(i)].normal_(0, 1, generator);
-    batch.target[static_cast<int64_t>(i)].random_(0, classes_, generator);
+    // Sample i is pool row i mod the pool: the same in whatever batch.
+    rows[i] = indices[i] % pool;
   }
+  at::Tensor index;
+  {
+    BudgetAllocator::UncountedScope uncounted;  // bookkeeping, not data
+    index = at::tensor(rows, at::TensorOptions().dtype(at::kLong));
+  }
+  Batch batch;
+  batch.inputs = {pool_inputs_.index_select(0, index)};
+  batch.target = pool_targets_.index_select(0, index);
   return batch;
 }
 

@@ -63,6 +63,33 @@ double scheduled_lr(double lr, int64_t warmup_steps, int64_t step) {
          static_cast<double>(warmup_steps);
 }
 
+void Plan::set_reason(PlanField field, std::string text) {
+  for (auto& r : reasons) {
+    if (r.field == field && field != PlanField::kNote) {
+      r.text = std::move(text);
+      return;
+    }
+  }
+  reasons.push_back({field, std::move(text)});
+}
+
+std::string Plan::reason(PlanField field) const {
+  for (const auto& r : reasons) {
+    if (r.field == field) return r.text;
+  }
+  return {};
+}
+
+namespace {
+
+std::vector<std::string> reason_texts(const Plan& plan) {
+  std::vector<std::string> texts;
+  for (const auto& r : plan.reasons) texts.push_back(r.text);
+  return texts;
+}
+
+}  // namespace
+
 Plan make_plan(const PlanOptions& o) {
   if (o.micro_batch_size() < 1) {
     throw Error(fmt::format("--batch-size: must be at least 1, got {}", o.micro_batch_size()));
@@ -91,7 +118,7 @@ Plan make_plan(const PlanOptions& o) {
   const int64_t per_step = plan.micro_batch_size * plan.world_size;
   if (o.target_batch() == 0) {
     plan.accumulation_steps = 1;
-    plan.reasons.push_back(fmt::format(
+    plan.set_reason(PlanField::kGlobalBatch, fmt::format(
         "global batch {}: the micro-batch {}{}, no accumulation (no --target-batch)", per_step,
         plan.micro_batch_size,
         plan.world_size > 1 ? fmt::format(" x {} processes", plan.world_size) : ""));
@@ -101,14 +128,15 @@ Plan make_plan(const PlanOptions& o) {
                                              static_cast<double>(per_step))));
     const int64_t reached = per_step * plan.accumulation_steps;
     if (reached == o.target_batch()) {
-      plan.reasons.push_back(fmt::format(
-          "global batch {}: --target-batch {} reached by accumulating {} micro-batches of {}",
-          reached, o.target_batch(), plan.accumulation_steps, plan.micro_batch_size));
+      plan.set_reason(PlanField::kGlobalBatch, fmt::format(
+          "global batch {}: {} {} reached by accumulating {} micro-batches of {}",
+          reached, o.target_batch_source(), o.target_batch(), plan.accumulation_steps,
+          plan.micro_batch_size));
     } else {
-      plan.reasons.push_back(fmt::format(
-          "global batch {}: --target-batch {} is not a multiple of {}; accumulating {} "
+      plan.set_reason(PlanField::kGlobalBatch, fmt::format(
+          "global batch {}: {} {} is not a multiple of {}; accumulating {} "
           "micro-batches gives the nearest, {:+.1f} % off",
-          reached, o.target_batch(), per_step, plan.accumulation_steps,
+          reached, o.target_batch_source(), o.target_batch(), per_step, plan.accumulation_steps,
           100.0 * static_cast<double>(reached - o.target_batch()) /
               static_cast<double>(o.target_batch())));
     }
@@ -128,17 +156,18 @@ Plan make_plan(const PlanOptions& o) {
                             ? ", whose per-parameter normalisation makes linear scaling too "
                               "aggressive"
                             : "")
-          : " (as asked with --lr-scaling)";
+          : fmt::format(" (from {})", o.lr_scaling_source());
   if (base_batch == plan.global_batch_size || plan.lr_scaling == LrScaling::kNone) {
-    plan.reasons.push_back(fmt::format("lr {}: the base lr, unscaled{}", format_lr(plan.lr),
+    plan.set_reason(PlanField::kLr, fmt::format("lr {}: the base lr, unscaled{}", format_lr(plan.lr),
                                        base_batch == plan.global_batch_size
                                            ? fmt::format(" since the global batch equals the "
                                                          "base batch {}",
                                                          base_batch)
                                            : scaling_why));
   } else {
-    plan.reasons.push_back(fmt::format("lr {}: base lr {} at batch {} scaled {} to batch {}{}",
-                                       format_lr(plan.lr), format_lr(o.base_lr()), base_batch,
+    plan.set_reason(PlanField::kLr, fmt::format("lr {}: base lr {} ({}) at batch {} scaled {} to batch {}{}",
+                                       format_lr(plan.lr), format_lr(o.base_lr()),
+                                       o.base_lr_source(), base_batch,
                                        lr_scaling_name(plan.lr_scaling),
                                        plan.global_batch_size, scaling_why));
   }
@@ -146,11 +175,11 @@ Plan make_plan(const PlanOptions& o) {
   const double factor = plan.lr / o.base_lr();
   if (o.warmup_steps() >= 0) {
     plan.warmup_steps = o.warmup_steps();
-    plan.reasons.push_back(
-        fmt::format("warm-up {} steps: as asked with --warmup", plan.warmup_steps));
+    plan.set_reason(PlanField::kWarmup,
+        fmt::format("warm-up {} steps: from {}", plan.warmup_steps, o.warmup_source()));
   } else {
     plan.warmup_steps = warmup_rule(factor);
-    plan.reasons.push_back(
+    plan.set_reason(PlanField::kWarmup,
         plan.warmup_steps == 0
             ? std::string("no warm-up: the lr is not raised above the base lr")
             : fmt::format("warm-up {} steps: {} per doubling of the lr, which the plan raised "
@@ -159,12 +188,12 @@ Plan make_plan(const PlanOptions& o) {
   }
 
   plan.amp = o.amp();
-  plan.reasons.push_back(!o.amp_reason().empty() ? o.amp_reason()
-                                                 : "amp " + amp_name(plan.amp));
+  plan.set_reason(PlanField::kAmp, !o.amp_reason().empty() ? o.amp_reason()
+                                                           : "amp " + amp_name(plan.amp));
   plan.workers = o.workers();
   plan.pin_memory = o.pin_memory();
   plan.prefetch = o.prefetch();
-  plan.reasons.push_back(fmt::format(
+  plan.set_reason(PlanField::kInputPipeline, fmt::format(
       "input pipeline: {} workers, pin_memory {}, prefetch {} (tune with --data times "
       "the worker counts)",
       plan.workers, plan.pin_memory ? "on" : "off", plan.prefetch));
@@ -184,8 +213,46 @@ nlohmann::json to_json(const Plan& plan) {
       {"workers", plan.workers},
       {"pin_memory", plan.pin_memory},
       {"prefetch", plan.prefetch},
-      {"reasons", plan.reasons},
+      {"reasons", reason_texts(plan)},
+      {"workload", to_json(plan.workload)},
   };
+}
+
+nlohmann::json to_json(const PlanWorkload& w) {
+  return {
+      {"model", w.model},
+      {"input", w.input},
+      {"optimizer", w.optimizer},
+      {"base_lr", w.base_lr},
+      {"base_batch", w.base_batch},
+      {"device", w.device},
+      {"memory_limit_bytes", w.memory_limit_bytes},
+  };
+}
+
+void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& current,
+                         const std::string& source) {
+  const auto differ = [&](const char* field, const std::string& a, const std::string& b,
+                          const char* fix) {
+    if (a.empty() || b.empty() || a == b) return;
+    throw Error(fmt::format("{}: the plan was made for {} {}, this run has {}; {}", source,
+                            field, a, b, fix));
+  };
+  differ("model", planned.model, current.model,
+         "use that --model, or make a plan for this one (batchtune tune)");
+  differ("input", planned.input, current.input,
+         "use the same --input, or make a plan for this input (batchtune tune)");
+  differ("optimizer", planned.optimizer, current.optimizer,
+         "use that --optimizer, or make a plan for this one (batchtune tune)");
+  differ("device", planned.device, current.device,
+         "train on that --device, or make a plan on this one (batchtune tune)");
+  if (planned.memory_limit_bytes > 0 && current.memory_limit_bytes > 0 &&
+      current.memory_limit_bytes < planned.memory_limit_bytes) {
+    throw Error(fmt::format("{}: the plan was measured with {} bytes usable, this run has only {}; "
+                            "give the same --memory-limit and --margin, or make a plan for this "
+                            "budget (batchtune tune)",
+                            source, planned.memory_limit_bytes, current.memory_limit_bytes));
+  }
 }
 
 namespace {
@@ -264,12 +331,35 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   if (!pin.is_boolean()) r.fail("pin_memory", "must be true or false, got " + pin.dump());
   plan.pin_memory = pin.get<bool>();
   plan.prefetch = r.integer("prefetch", 0);
+  if (json.contains("workload")) {
+    const auto& w = json["workload"];
+    if (!w.is_object()) r.fail("workload", "must be an object, got " + w.dump());
+    const PlanReader wr(w, source + ": field 'workload'");
+    const auto text = [&](const char* name) {
+      return w.contains(name) ? wr.text(name) : std::string();
+    };
+    plan.workload.model = text("model");
+    plan.workload.input = text("input");
+    plan.workload.optimizer = text("optimizer");
+    plan.workload.device = text("device");
+    if (w.contains("base_batch")) plan.workload.base_batch = wr.integer("base_batch", 0);
+    if (w.contains("memory_limit_bytes")) {
+      plan.workload.memory_limit_bytes = wr.integer("memory_limit_bytes", 0);
+    }
+    if (w.contains("base_lr")) {
+      const auto& v = w["base_lr"];
+      if (!v.is_number() || !(v.get<double>() >= 0) || !std::isfinite(v.get<double>())) {
+        wr.fail("base_lr", "must be a number, 0 or more, got " + v.dump());
+      }
+      plan.workload.base_lr = v.get<double>();
+    }
+  }
   if (json.contains("reasons")) {
     const auto& reasons = json["reasons"];
     if (!reasons.is_array()) r.fail("reasons", "must be a list of strings");
     for (const auto& reason : reasons) {
       if (!reason.is_string()) r.fail("reasons", "must be a list of strings");
-      plan.reasons.push_back(reason.get<std::string>());
+      plan.reasons.push_back({PlanField::kNote, reason.get<std::string>()});
     }
   }
   return plan;

@@ -62,6 +62,7 @@ nlohmann::json to_json(const TrialResult& trial) {
   const char* failure = failure_name(trial.failure);
   return {
       {"batch_size", trial.batch_size},
+      {"amp", amp_name(trial.amp)},
       {"fits", trial.fits},
       {"failure", failure != nullptr ? nlohmann::json(failure) : nlohmann::json(nullptr)},
       {"peak_bytes", trial.peak_bytes},

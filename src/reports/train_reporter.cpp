@@ -46,7 +46,7 @@ void print_plan(std::ostream& out, const Plan& p) {
       "({} scaling), warm-up {} steps, amp {}\n",
       p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
       lr_scaling_name(p.lr_scaling), p.warmup_steps, amp_name(p.amp));
-  for (const auto& reason : p.reasons) out << "  - " << reason << "\n";
+  for (const auto& reason : p.reasons) out << "  - " << reason.text << "\n";
 }
 
 std::string TrainConsoleReporter::log_line(const TrainEvent& e) {

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include "batchtune/reports/console_reporter.h"
 #include "batchtune/reports/json_reporter.h"
+#include "batchtune/reports/train_reporter.h"
 #include "batchtune/common/size.h"
 #include "reports/svg_chart.h"
 
@@ -27,11 +29,26 @@ std::string html_escape(const std::string& text) {
 
 }  // namespace
 
-nlohmann::json to_json(const TuneReport& report) {
+nlohmann::json to_json(const TuneResult& report) {
   nlohmann::json out = to_json(report.search);
+  const auto finish = [&](nlohmann::json& j) {
+    j["amp"] = amp_name(report.amp);
+    j["amp_reason"] = report.amp_reason;
+    j["time_budget_s"] = report.time_budget_s;
+    nlohmann::json phases = nlohmann::json::object();
+    for (const auto& [phase, seconds] : report.phase_seconds) phases[to_string(phase)] = seconds;
+    j["phase_seconds"] = phases;
+    j["complete"] = report.complete;
+    if (!report.complete) j["interrupted_by"] = report.interrupted_by;
+  };
+  if (report.search_only) {
+    finish(out);
+    return out;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : report.sweep) {
     rows.push_back({{"batch_size", r.batch_size},
+                    {"amp", amp_name(r.amp)},
                     {"samples_per_s", r.samples_per_s},
                     {"samples_per_s_spread", r.samples_per_s_spread},
                     {"step_ms", r.step_ms},
@@ -57,7 +74,6 @@ nlohmann::json to_json(const TuneReport& report) {
   out["diagnosis"] = {{"kind", report.diagnosis.kind}, {"text", report.diagnosis.text}};
   out["utilization_note"] =
       report.utilization_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(report.utilization_note);
-  out["complete"] = report.complete;
   out["energy_note"] = report.energy_note.empty() ? nlohmann::json(nullptr)
                                                   : nlohmann::json(report.energy_note);
   out["noise_scale"] = report.noise ? optional_json(report.noise->noise_scale) : nlohmann::json();
@@ -99,10 +115,14 @@ nlohmann::json to_json(const TuneReport& report) {
     }
     out["energy_cost"] = costs;
   }
+  if (report.plan) out["plan"] = to_json(*report.plan);
+  out["loader"] = to_json(report.loader.rows);
+  out["loader_note"] = report.loader.note;
+  finish(out);
   return out;
 }
 
-void print_goodput(std::ostream& out, const TuneReport& report) {
+void print_goodput(std::ostream& out, const TuneResult& report) {
   fmt::print(out, "\n  {:>8}  {:>8}  {:>6}  {:>12}  {:>10}  {:>12}\n", "global", "micro", "accum",
              "samples/s", "efficiency", "goodput");
   for (const auto& c : report.goodput) {
@@ -115,7 +135,7 @@ void print_goodput(std::ostream& out, const TuneReport& report) {
   if (!report.selection.reason.empty()) fmt::print(out, "{}\n", report.selection.reason);
 }
 
-void print_sweep(std::ostream& out, const TuneReport& report) {
+void print_sweep(std::ostream& out, const TuneResult& report) {
   fmt::print(out, "\n  {:>8}  {:>12}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
              "samples/s", "step ms", "busy", "util", "GFLOP/s", "peak / capacity");
   for (const auto& r : report.sweep) {
@@ -137,7 +157,7 @@ void print_sweep(std::ostream& out, const TuneReport& report) {
   if (!report.diagnosis.text.empty()) fmt::print(out, "diagnosis: {}\n", report.diagnosis.text);
 }
 
-std::string html_report(const TuneReport& report) {
+std::string html_report(const TuneResult& report) {
   SvgChart speed{"Throughput against batch size", "batch size", "samples/s", true, {}, {}, {}};
   SvgChart memory{"Peak memory against batch size", "batch size", "bytes", true, {}, {}, {}};
   SvgSeries sps{"samples/s", "#2e86de", {}};
@@ -270,6 +290,125 @@ tr.chosen {{ background: #fdebd0; font-weight: bold; }}
                      fmt::arg("speed", render_svg(speed)), fmt::arg("memory", render_svg(memory)),
                      fmt::arg("util", utilization_html), fmt::arg("rows", rows),
                      fmt::arg("energy", energy_html), fmt::arg("goodput", goodput_html));
+}
+
+ConsoleTuneReporter::ConsoleTuneReporter(std::ostream& out, std::ostream* progress)
+    : out_(out), progress_(progress) {}
+
+void ConsoleTuneReporter::clear_progress() {
+  if (progress_ != nullptr) *progress_ << "\r\033[K" << std::flush;
+}
+
+void ConsoleTuneReporter::phase_started(TunePhase phase, const std::string& what) {
+  clear_progress();
+  trials_ = 0;
+  switch (phase) {
+    case TunePhase::kSearch:
+      fmt::print(out_, "{}\n", what);
+      break;
+    case TunePhase::kSweep:
+      fmt::print(out_, "\nsweep: {}\n", what);
+      break;
+    case TunePhase::kPlan:
+      break;
+    default:
+      fmt::print(out_, "\n{}\n", what);
+  }
+  out_ << std::flush;  // progress for whoever reads a pipe (tee, a test)
+}
+
+void ConsoleTuneReporter::trial_started(TunePhase phase, int64_t batch_size) {
+  if (progress_ == nullptr) return;
+  *progress_ << fmt::format("\r\033[K{}: batch {} ...", phase == TunePhase::kSearch ? "trial"
+                                                                                   : to_string(phase),
+                            batch_size)
+             << std::flush;
+}
+
+void ConsoleTuneReporter::trial_finished(TunePhase phase, const TrialResult& trial, size_t index) {
+  (void)phase;
+  ++trials_;
+  if (progress_ == nullptr) return;
+  *progress_ << "\r\033[K" << trial_progress_line(trial, index) << std::flush;
+}
+
+void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& result) {
+  clear_progress();
+  switch (phase) {
+    case TunePhase::kSearch:
+      if (result.rank_max_batch_size) {
+        fmt::print(out_, "rank 0: largest batch {} here, {} for the job (the smallest rank's)\n",
+                   *result.rank_max_batch_size, result.search.max_batch_size);
+      }
+      print_search(out_, result.search);
+      break;
+    case TunePhase::kSweep:
+      print_sweep(out_, result);
+      break;
+    case TunePhase::kNoise:
+      if (result.noise && result.noise->noise_scale) {
+        const NoiseScaleMeasurement& n = *result.noise;
+        fmt::print(out_,
+                   "noise scale {:.1f} (|G|^2 {:.4g}, tr(Sigma) {:.4g}; {} measurements of batch "
+                   "{} against {}, {:.1f} s)\n",
+                   *n.noise_scale, n.gradient_sq_norm.value_or(0), n.trace_covariance.value_or(0),
+                   n.measurements, n.small_batch, n.big_batch, n.seconds);
+      } else if (result.noise) {
+        fmt::print(out_, "noise scale not measured: {}\n", result.noise->note);
+      }
+      print_goodput(out_, result);
+      break;
+    case TunePhase::kLoader:
+      fmt::print(out_, "{}", loader_table(result.loader));
+      if (result.diagnosis.kind == "input-bound") {
+        fmt::print(out_, "diagnosis: {}\n", result.diagnosis.text);
+      }
+      break;
+    case TunePhase::kPlan:
+      if (result.plan) {
+        fmt::print(out_, "\n");
+        print_plan(out_, *result.plan);
+      }
+      break;
+    case TunePhase::kPrecision:
+      break;
+  }
+  out_ << std::flush;
+}
+
+void ConsoleTuneReporter::finished(const TuneResult& result) {
+  clear_progress();
+  if (!result.complete) {
+    size_t trials = result.search.trials.size();
+    for (const auto& row : result.sweep) trials += row.steps > 0 ? 1 : 0;
+    fmt::print(out_, "\ninterrupted by {}: writing what was measured so far ({} search trial(s), "
+               "{} sweep row(s)), marked incomplete\n",
+               result.interrupted_by, result.search.trials.size(), result.sweep.size());
+  }
+  out_ << std::flush;
+}
+
+FileTuneReporter::FileTuneReporter(Format format, std::function<void(const std::string&)> write)
+    : format_(format), write_(std::move(write)) {}
+
+void FileTuneReporter::finished(const TuneResult& result) {
+  write_(format_ == Format::kJson ? to_json(result).dump(2) + "\n" : html_report(result));
+}
+
+void TuneReporters::phase_started(TunePhase phase, const std::string& what) {
+  for (auto* r : reporters_) r->phase_started(phase, what);
+}
+void TuneReporters::trial_started(TunePhase phase, int64_t batch_size) {
+  for (auto* r : reporters_) r->trial_started(phase, batch_size);
+}
+void TuneReporters::trial_finished(TunePhase phase, const TrialResult& trial, size_t index) {
+  for (auto* r : reporters_) r->trial_finished(phase, trial, index);
+}
+void TuneReporters::phase_finished(TunePhase phase, const TuneResult& result) {
+  for (auto* r : reporters_) r->phase_finished(phase, result);
+}
+void TuneReporters::finished(const TuneResult& result) {
+  for (auto* r : reporters_) r->finished(result);
 }
 
 }  // namespace batchtune

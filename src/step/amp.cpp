@@ -120,21 +120,18 @@ AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory
   // Alternating rounds, each side's fastest step: on a shared machine other
   // processes slow some steps down, and a single pair of medians was seen to
   // flip the decision (3.5x faster, then 1.6x slower, for the same model).
-  TrialRunner runner(workload, memory);
+  TrialRunner fp32_runner(workload, memory, kDefaultMargin, AmpMode::kOff);
+  TrialRunner bf16_runner(workload, memory, kDefaultMargin, AmpMode::kBf16);
   const auto options = TrialOptions().batch_size(batch_size).steps(kAmpProbeSteps);
   double fp32_ms = 0;
   double bf16_ms = 0;
   for (int64_t round = 0; round < kAmpProbeRounds; ++round) {
-    const TrialResult fp32 = runner.run(options);
+    const TrialResult fp32 = fp32_runner.run(options);
     if (!fp32.fits) {
       return {AmpMode::kOff, "amp off: the fp32 step at batch " + std::to_string(batch_size) +
                                  " did not fit, so bf16 could not be compared"};
     }
-    TrialResult bf16;
-    {
-      AutocastGuard autocast(device.type(), AmpMode::kBf16);
-      bf16 = runner.run(options);
-    }
+    const TrialResult bf16 = bf16_runner.run(options);
     if (!bf16.fits) return choose_cpu_amp(fp32.step_ms, std::nullopt);
     const auto fastest = [](const TrialResult& r) {
       return *std::min_element(r.step_seconds.begin(), r.step_seconds.end()) * 1e3;

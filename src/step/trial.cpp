@@ -54,14 +54,60 @@ double relative_spread(std::vector<double> values) {
   return mid > 0 ? (quantile(values, 0.75) - quantile(values, 0.25)) / mid : 0;
 }
 
-TrialRunner::TrialRunner(Workload& workload, DeviceMemory& memory, double margin)
-    : workload_(workload), memory_(memory), margin_(margin) {
+WorkloadTrial::WorkloadTrial(Workload& workload, c10::Device device, AmpMode amp)
+    : workload_(workload), device_(device), amp_(amp) {}
+
+WorkloadTrial::~WorkloadTrial() = default;
+
+std::string WorkloadTrial::describe() const { return workload_.model().describe(); }
+
+void WorkloadTrial::save() {
+  snapshot_ = std::make_unique<TrainingSnapshot>(workload_.model(), workload_.optimizer());
+}
+
+void WorkloadTrial::prepare(int64_t batch_size) {
+  batch_size_ = batch_size;
+  step_ = std::make_unique<TrainingStep>(workload_, device_, StepOptions().amp(amp_));
+  batch_ = std::make_unique<Batch>(workload_.synthetic_batch(batch_size));
+}
+
+void WorkloadTrial::next_batch(const BatchSource& source) {
+  if (source) *batch_ = source(batch_size_);
+}
+
+at::Tensor WorkloadTrial::step() {
+  TORCH_CHECK(step_ && batch_, "WorkloadTrial: prepare() before step()");
+  return step_->run(*batch_);
+}
+
+void WorkloadTrial::restore() {
+  batch_.reset();
+  step_.reset();
+  workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  if (snapshot_) snapshot_->restore();
+  snapshot_.reset();
+}
+
+TrialRunner::TrialRunner(Workload& workload, DeviceMemory& memory, double margin, AmpMode amp)
+    : TrialRunner(std::make_unique<WorkloadTrial>(workload, memory.device(), amp), memory,
+                  margin) {}
+
+TrialRunner::TrialRunner(TrialSubject& subject, DeviceMemory& memory, double margin)
+    : TrialRunner(nullptr, memory, margin) {
+  subject_ = &subject;
+}
+
+TrialRunner::TrialRunner(std::unique_ptr<TrialSubject> owned, DeviceMemory& memory,
+                         double margin)
+    : owned_(std::move(owned)), subject_(owned_.get()), memory_(memory), margin_(margin) {
   if (!(margin >= 0 && margin < 1)) {
     throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", margin));
   }
   memory_.set_usable_bytes(static_cast<int64_t>(
       std::floor(static_cast<double>(memory_.capacity_bytes()) * (1 - margin_))));
 }
+
+TrialRunner::~TrialRunner() = default;
 
 TrialResult TrialRunner::run(const TrialOptions& options) {
   if (options.batch_size() < 1) {
@@ -72,25 +118,30 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
                             "{} and {}",
                             options.steps(), options.warmup_steps()));
   }
+  TrialSubject& subject = *subject_;
   TrialResult result;
   result.batch_size = options.batch_size();
+  result.amp = subject.amp();
   result.capacity_bytes = memory_.capacity_bytes();
   result.usable_bytes = memory_.usable_bytes();
   result.margin = margin_;
 
-  TrainingSnapshot snapshot(workload_.model(), workload_.optimizer());
+  subject.save();
   memory_.release_cached();
   memory_.reset_peak();
+  // Whatever happens, the subject is put back and the memory released.
+  const auto put_back = [&] {
+    subject.restore();
+    memory_.release_cached();
+  };
   try {
-    Batch cached;
-    if (!options.batch_source()) cached = workload_.synthetic_batch(options.batch_size());
+    subject.prepare(options.batch_size());
     for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
       memory_.synchronize();
       const auto start = std::chrono::steady_clock::now();
-      const Batch batch =
-          options.batch_source() ? options.batch_source()(options.batch_size()) : cached;
+      subject.next_batch(options.batch_source());
       const auto ready = std::chrono::steady_clock::now();
-      const at::Tensor loss = workload_.step(batch);
+      const at::Tensor loss = subject.step();
       memory_.synchronize();
       const auto end = std::chrono::steady_clock::now();
       ++result.steps_run;
@@ -116,31 +167,25 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.fits = false;
     result.failure = TrialFailure::kOutOfMemory;
     result.error = first_line(e.what_without_backtrace());
-    // A failure mid-step leaves gradients behind: drop them before measuring.
-    workload_.optimizer().zero_grad(/*set_to_none=*/true);
   } catch (const c10::Error& e) {
     if (!is_size_refusal(e.what_without_backtrace())) {
-      workload_.optimizer().zero_grad(/*set_to_none=*/true);
-      snapshot.restore();
-      memory_.release_cached();
+      put_back();
       throw;
     }
     result.fits = false;
     result.failure = TrialFailure::kDoesNotRun;
     result.error = first_line(e.what_without_backtrace());
-    workload_.optimizer().zero_grad(/*set_to_none=*/true);
   } catch (...) {
-    // Not a size limit (a shape mismatch...): the caller stops, but the model
-    // is left as it was all the same.
-    workload_.optimizer().zero_grad(/*set_to_none=*/true);
-    snapshot.restore();
-    memory_.release_cached();
+    // Not a size limit (a shape mismatch...): the caller stops, but the
+    // subject is left as it was all the same.
+    put_back();
     throw;
   }
   total_steps_ += result.steps_run;
+  // The peak before putting back: restoring the snapshot allocates nothing
+  // on the device, but the peak belongs to the steps.
   result.peak_bytes = memory_.peak_bytes();
-  snapshot.restore();
-  memory_.release_cached();
+  put_back();
 
   if (result.fits && result.peak_bytes > result.usable_bytes) {
     result.fits = false;

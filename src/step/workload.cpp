@@ -227,19 +227,4 @@ at::Tensor Workload::compute_loss(const Batch& batch) {
   return spec_loss(spec_, model_->forward(batch.inputs), batch, options_.model());
 }
 
-at::Tensor Workload::step(const Batch& batch) {
-  at::Tensor loss = compute_loss(batch);
-  loss.backward();
-  optimizer_->step();
-  optimizer_->zero_grad(/*set_to_none=*/true);
-  return loss.detach();
-}
-
-Batch narrow_batch(const Batch& batch, int64_t begin, int64_t length) {
-  Batch out;
-  for (const auto& input : batch.inputs) out.inputs.push_back(input.narrow(0, begin, length));
-  if (batch.target.defined()) out.target = batch.target.narrow(0, begin, length);
-  return out;
-}
-
 }  // namespace batchtune

@@ -48,68 +48,7 @@ std::vector<int64_t> epoch_order(int64_t size, uint64_t seed, int64_t epoch) {
   return {data, data + size};
 }
 
-Batch to_device(Batch batch, c10::Device device, bool non_blocking) {
-  if (!device.is_cpu()) {
-    batch.inputs = {batch.inputs[0].to(device, non_blocking)};
-    batch.target = batch.target.to(device, non_blocking);
-  }
-  return batch;
-}
-
 }  // namespace
-
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-}
-
-at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
-                                const std::vector<int64_t>& indices, int64_t micro_batch_size,
-                                AmpMode amp, const LossScaler& scaler, c10::Device device,
-                                double* data_seconds) {
-  TORCH_CHECK(!indices.empty(), "accumulate_gradients: need samples");
-  const auto fetch_start = Clock::now();
-  const Batch batch = data.get_batch(indices);
-  if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
-  return accumulate_gradients(workload, batch, micro_batch_size, amp, scaler, device,
-                              data_seconds);
-}
-
-at::Tensor accumulate_gradients(Workload& workload, const Batch& host_batch,
-                                int64_t micro_batch_size, AmpMode amp, const LossScaler& scaler,
-                                c10::Device device, double* data_seconds) {
-  const int64_t total = host_batch.target.defined() ? host_batch.target.size(0)
-                                                    : host_batch.inputs.at(0).size(0);
-  TORCH_CHECK(micro_batch_size >= 1 && total > 0,
-              "accumulate_gradients: need a micro-batch of 1+ and samples");
-  const bool non_blocking = host_batch.inputs.at(0).is_pinned();
-  at::Tensor loss_sum;
-  for (int64_t begin = 0; begin < total; begin += micro_batch_size) {
-    const int64_t end = std::min(total, begin + micro_batch_size);
-    const auto fetch_start = Clock::now();
-    // The whole batch as it is when there is no accumulation: no views to
-    // make on a hot, tiny step.
-    const Batch batch = to_device(end - begin == total ? host_batch
-                                                       : narrow_batch(host_batch, begin, end - begin),
-                                  device, non_blocking);
-    if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
-    at::Tensor loss;
-    {
-      AutocastGuard autocast(device.type(), amp);
-      loss = workload.compute_loss(batch);
-    }
-    // Mean over the logical batch = sum of micro-batch means × their shares
-    // (1 / accumulation_steps when the micro-batches are equal).
-    // Without accumulation the share is 1: no extra ops on a hot, tiny step.
-    const double share = static_cast<double>(end - begin) / static_cast<double>(total);
-    const bool whole = end - begin == total;
-    scaler.scale(whole ? loss : loss * share).backward();
-    at::Tensor part = loss.detach();
-    if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
-    if (!whole) part = part * share;
-    loss_sum = loss_sum.defined() ? loss_sum + part : part;
-  }
-  return loss_sum;
-}
 
 Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Dataset& train,
                  const Dataset* test, TrainOptions options)
@@ -119,7 +58,11 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
       train_(train),
       test_(test),
       options_(std::move(options)),
-      scaler_(LossScalerOptions().enabled(plan_.amp == AmpMode::kFp16), memory.device()) {
+      training_step_(workload, memory.device(),
+            StepOptions()
+                .micro_batch_size(plan_.micro_batch_size)
+                .amp(plan_.amp == AmpMode::kAuto ? AmpMode::kOff : plan_.amp)
+                .measure_noise_scale(options_.measure_noise_scale())) {
   if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
   if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
     throw Error(fmt::format("--epochs/--steps: need a positive number of epochs or steps, got "
@@ -194,7 +137,7 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   } else if (last_loss_tensor_.defined()) {
     e.loss = last_loss_tensor_.item<double>();
   }
-  if (kind == TrainEvent::Kind::kLog) e.noise_scale = noise_.noise_scale();
+  if (kind == TrainEvent::Kind::kLog) e.noise_scale = training_step_.noise_scale().noise_scale();
   if (utilization_ && (kind == TrainEvent::Kind::kLog || kind == TrainEvent::Kind::kProgress)) {
     e.utilization = utilization_();
   }
@@ -207,26 +150,14 @@ void Trainer::train_step(const Batch& batch) {
   // Data parallel: `batch` is this rank's shard of the logical batch (see
   // run()); the ranks agree on an out-of-memory, so that all shrink together.
   for (;;) {
-    optimizer.zero_grad(/*set_to_none=*/true);
     std::string oom_message;
     try {
-      const int64_t noise_batch =
-          options_.measure_noise_scale()
-              ? NoiseScaleTracker::small_batch(step_, batch.size(), plan_.micro_batch_size)
-              : 0;
-      last_loss_tensor_ =
-          noise_batch > 0
-              ? accumulate_gradients_measuring_noise(workload_, batch, plan_.micro_batch_size,
-                                                     noise_batch, plan_.amp, scaler_, device,
-                                                     noise_, &data_seconds_)
-              : accumulate_gradients(workload_, batch, plan_.micro_batch_size, plan_.amp,
-                                     scaler_, device, &data_seconds_);
+      last_loss_tensor_ = training_step_.backward(batch, step_, &data_seconds_);
     } catch (const c10::OutOfMemoryError& e) {
       // Free what the failed step held, then retry the same samples in
       // micro-batches half as large: the logical batch stays the same.
       oom_message = first_line(e.what_without_backtrace());
       last_loss_tensor_ = at::Tensor();
-      optimizer.zero_grad(/*set_to_none=*/true);
       memory_.release_cached();
     }
     const auto outcome = data_parallel_.share_step(!oom_message.empty(), last_loss_tensor_, device);
@@ -248,6 +179,7 @@ void Trainer::train_step(const Batch& batch) {
     const int64_t before = plan_.micro_batch_size;
     plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
     plan_.accumulation_steps = ceil_div(batch.size(), plan_.micro_batch_size);
+    training_step_.set_micro_batch_size(plan_.micro_batch_size);
     ++oom_recoveries_;
     emit(TrainEvent::Kind::kOomRecovery,
          fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
@@ -256,10 +188,8 @@ void Trainer::train_step(const Batch& batch) {
                      plan_.micro_batch_size));
   }
   data_parallel_.average_gradients(workload_.model().parameters());
-  set_learning_rate(optimizer, scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
   try {
-    scaler_.step(optimizer);
-    scaler_.update();
+    training_step_.apply(scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
   } catch (const c10::OutOfMemoryError& e) {
     // Halving the micro-batch does not shrink the optimizer step, and a step
     // that failed half-way has updated some parameters: nothing to retry.
@@ -268,7 +198,6 @@ void Trainer::train_step(const Batch& batch) {
                             step_ + 1, first_line(e.what_without_backtrace()),
                             format_bytes(memory_.usable_bytes())));
   }
-  optimizer.zero_grad(/*set_to_none=*/true);
 }
 
 double Trainer::evaluate() {
@@ -432,7 +361,7 @@ TrainSummary Trainer::run() {
   s.accumulation_steps = plan_.accumulation_steps;
   s.global_batch_size = plan_.global_batch_size;
   s.world_size = plan_.world_size;
-  s.skipped_steps = scaler_.skipped_steps();
+  s.skipped_steps = training_step_.scaler().skipped_steps();
   s.seconds = train_seconds_;
   s.samples_per_s =
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
@@ -441,7 +370,7 @@ TrainSummary Trainer::run() {
   if (!complete) {
     s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
   }
-  s.noise_scale = noise_.noise_scale();
+  s.noise_scale = training_step_.noise_scale().noise_scale();
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
   return s;
 }
@@ -467,7 +396,7 @@ void Trainer::save_checkpoint() {
   torch::serialize::OutputArchive optimizer;
   workload_.optimizer().save(optimizer);
   archive.write("optimizer", optimizer);
-  const auto scaler = scaler_.state();
+  const auto scaler = training_step_.scaler().state();
   archive.write("scaler", at::tensor(scaler, at::TensorOptions().dtype(at::kDouble)));
   archive.write("generator", at::detail::getDefaultCPUGenerator().get_state());
   const nlohmann::json meta = {
@@ -538,7 +467,7 @@ bool Trainer::load_checkpoint() {
   workload_.optimizer().load(optimizer);
   at::Tensor scaler;
   archive.read("scaler", scaler);
-  scaler_.load_state({scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});
+  training_step_.scaler().load_state({scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});
   at::Tensor generator;
   archive.read("generator", generator);
   at::Generator default_generator = at::detail::getDefaultCPUGenerator();

@@ -192,13 +192,7 @@ void set_pipeline_reason(Plan& plan, const std::string& why) {
   const std::string text = fmt::format("input pipeline: {} workers, pin_memory {}, prefetch {}{}",
                                        plan.workers, plan.pin_memory ? "on" : "off",
                                        plan.prefetch, why.empty() ? "" : "; " + why);
-  for (auto& reason : plan.reasons) {
-    if (reason.rfind("input pipeline:", 0) == 0) {
-      reason = text;
-      return;
-    }
-  }
-  plan.reasons.push_back(text);
+  plan.set_reason(PlanField::kInputPipeline, text);
 }
 
 std::string input_diagnosis(double data_wait_fraction, int64_t workers, double max_wait) {

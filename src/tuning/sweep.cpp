@@ -30,6 +30,7 @@ std::vector<int64_t> sweep_grid(int64_t max_batch) {
 SweepRow sweep_row(const TrialResult& trial) {
   SweepRow row;
   row.batch_size = trial.batch_size;
+  row.amp = trial.amp;
   row.samples_per_s = trial.samples_per_s;
   row.step_ms = trial.step_ms;
   row.busy = trial.busy;

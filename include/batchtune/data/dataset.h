@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/step/workload.h"
+#include "batchtune/data/batch.h"
 
 namespace batchtune {
 
@@ -84,8 +84,10 @@ class TensorDataset final : public Dataset {
 
 /// Random inputs (standard normal) and random labels, the same for the same
 /// seed and index whatever batch the sample lands in: tuning and smoke runs
-/// that need no files. Samples are made on demand, so a large `size` costs
-/// nothing.
+/// that need no files. The samples come from a seeded pool of at most
+/// `kSyntheticPoolSize` made once (sample i is pool row i mod its size), so
+/// that a batch costs a gather, not random numbers: training on synthetic
+/// data runs at the model's speed.
 class SyntheticDataset final : public Dataset {
  public:
   SyntheticDataset(std::vector<int64_t> sample_shape, int64_t classes, int64_t size,
@@ -103,7 +105,13 @@ class SyntheticDataset final : public Dataset {
   int64_t classes_;
   int64_t size_;
   uint64_t seed_;
+  at::Tensor pool_inputs_;
+  at::Tensor pool_targets_;
 };
+
+/// Distinct samples a `SyntheticDataset` holds: enough that batches differ,
+/// few enough to make at once (12 MiB for 3x64x64).
+constexpr int64_t kSyntheticPoolSize = 256;
 
 /// Samples of the synthetic training set when no size is given: enough for
 /// several hundred steps per epoch at common batch sizes.

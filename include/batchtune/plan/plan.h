@@ -34,6 +34,39 @@ constexpr int64_t kWarmupStepsPerLrDoubling = 20;
 constexpr int64_t kDefaultWorkers = 0;
 constexpr int64_t kDefaultPrefetch = 2;
 
+/// What a plan reason explains: each value of a plan has one reason, which
+/// says where the value came from.
+enum class PlanField {
+  kMicroBatch,
+  kGlobalBatch,
+  kLr,
+  kWarmup,
+  kAmp,
+  kInputPipeline,
+  kNote,  ///< anything else (a reason read from a file, a remark)
+};
+
+/// One plain sentence saying why a plan value is what it is.
+struct PlanReason {
+  PlanField field = PlanField::kNote;
+  std::string text;
+};
+
+/// What a plan was measured on: `train --plan` refuses a plan made for
+/// another workload, naming the field (see `check_plan_workload`). Empty
+/// strings and zeros stand for "not recorded" (a plan written by hand or by
+/// an older batchtune), which is never a mismatch.
+struct PlanWorkload {
+  std::string model;        ///< `--model`: a built-in name or a TorchScript file
+  std::string input;        ///< the input spec, as `describe(InputSpec)` writes it
+  std::string optimizer;    ///< `adam`, `adamw`, `sgd`
+  double base_lr = 0;       ///< the lr known to work at `base_batch`
+  int64_t base_batch = 0;
+  std::string device;       ///< `cpu`, `cuda:0`
+  int64_t memory_limit_bytes = 0;  ///< the usable budget the micro-batch was measured under
+  bool empty() const { return model.empty(); }
+};
+
 /// How to train: the batch sizes, learning rate and precision that move
 /// together. `batchtune tune` ends with one; `batchtune plan` and
 /// `batchtune train --plan FILE` read it. JSON field names are stable.
@@ -49,8 +82,15 @@ struct Plan {
   int64_t workers = kDefaultWorkers;
   bool pin_memory = false;
   int64_t prefetch = kDefaultPrefetch;
-  /// One plain sentence per choice, saying why.
-  std::vector<std::string> reasons;
+  /// One plain sentence per choice, saying why and where it came from.
+  std::vector<PlanReason> reasons;
+  /// What the plan was made for (JSON `workload`).
+  PlanWorkload workload;
+
+  /// The reason for `field`, replacing the one there was (or added).
+  void set_reason(PlanField field, std::string text);
+  /// The reason for `field`; empty when there is none.
+  std::string reason(PlanField field) const;
 };
 
 /// What a plan is made from.
@@ -89,6 +129,13 @@ struct PlanOptions {
   TORCH_ARG(int64_t, workers) = kDefaultWorkers;
   TORCH_ARG(bool, pin_memory) = false;
   TORCH_ARG(int64_t, prefetch) = kDefaultPrefetch;
+  /// Where `target_batch`, `base_lr`/`base_batch`, `lr_scaling` and
+  /// `warmup_steps` came from, for the reasons: the flag by default; a plan
+  /// file, or a choice of the tune ("the goodput choice"), otherwise.
+  TORCH_ARG(std::string, target_batch_source) = "--target-batch";
+  TORCH_ARG(std::string, base_lr_source) = "--base-lr";
+  TORCH_ARG(std::string, lr_scaling_source) = "--lr-scaling";
+  TORCH_ARG(std::string, warmup_source) = "--warmup";
 };
 
 /// Makes a plan, with a reason for each choice. Throws `batchtune::Error`
@@ -124,5 +171,13 @@ Plan plan_from_json(const nlohmann::json& json, const std::string& source);
 Plan parse_plan_json(const std::string& text, const std::string& source);
 /// Reads a plan file; errors name the file and the field.
 Plan read_plan_file(const std::string& path);
+
+nlohmann::json to_json(const PlanWorkload& workload);
+
+/// Refuses (`batchtune::Error` naming `source` and the field) a plan made for
+/// another workload than `current`: model, input, optimizer, device or
+/// memory limit. Fields either side did not record are not compared.
+void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& current,
+                         const std::string& source);
 
 }  // namespace batchtune

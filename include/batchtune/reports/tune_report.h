@@ -3,76 +3,88 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
-#include "batchtune/monitoring/energy.h"
-#include "batchtune/tuning/goodput.h"
-#include "batchtune/training/noise_scale.h"
-#include "batchtune/tuning/search.h"
-#include "batchtune/tuning/sweep.h"
+#include "batchtune/tuning/tune.h"
 
 namespace batchtune {
-
-/// One reading of device utilization during the run, for the timeline plot.
-struct UtilizationPoint {
-  double seconds = 0;  ///< since the run started
-  std::optional<double> utilization;
-};
-
-/// Everything `batchtune tune` found, as plain data; the console table, the
-/// JSON and the HTML report are views of it.
-struct TuneReport {
-  std::string workload;  ///< "resnet18 (11181642 parameters)"
-  std::string device;    ///< "cpu", "cuda:0"
-  int threads = 0;
-  SearchResult search;
-  std::vector<SweepRow> sweep;
-  Objective objective = Objective::kThroughput;
-  Selection selection;
-  Diagnosis diagnosis;
-  int64_t capacity_bytes = 0;
-  int64_t usable_bytes = 0;
-  double margin = 0;
-  std::vector<UtilizationPoint> timeline;
-  /// Why utilization is missing, when it is ("libnvidia-ml.so.1 not found").
-  std::string utilization_note;
-  /// False while the run was interrupted before it finished.
-  bool complete = true;
-  /// `--objective goodput`: the noise-scale run, on what data, the base
-  /// batch B0 of the efficiency, every candidate global batch and the choice.
-  std::optional<NoiseScaleMeasurement> noise;
-  std::string noise_data;
-  int64_t goodput_base_batch = 0;
-  std::vector<GoodputCandidate> goodput;
-  std::optional<GoodputCandidate> goodput_choice;
-  /// "energy per sample unavailable, because …" where a row has no energy
-  /// reading; empty when every row has one.
-  std::string energy_note;
-  /// `--objective energy`: η and the Zeus cost of each row with a reading.
-  double eta = kDefaultEta;
-  std::vector<EnergyCost> energy_costs;
-};
 
 /// The JSON of `batchtune tune --json`: the search's fields (`max_batch_size`,
 /// `search`, `trials`) and `sweep`, `chosen_batch_size`, `objective`,
 /// `diagnosis`, `complete`, `energy_note`; with `--objective goodput`
 /// `noise_scale`, `noise_scale_run` and `goodput`; with `energy`, `eta` and
 /// `energy_cost`.
-nlohmann::json to_json(const TuneReport& report);
+nlohmann::json to_json(const TuneResult& report);
 
 /// The sweep as a console table, the chosen row marked, then the reason and
 /// the diagnosis.
-void print_sweep(std::ostream& out, const TuneReport& report);
+void print_sweep(std::ostream& out, const TuneResult& report);
 
 /// The goodput candidates as a console table, the chosen one marked.
-void print_goodput(std::ostream& out, const TuneReport& report);
+void print_goodput(std::ostream& out, const TuneResult& report);
 
 /// One self-contained HTML page (inline SVG, no scripts): throughput and
 /// memory against batch size with the capacity and the chosen point, and
 /// utilization over the run.
-std::string html_report(const TuneReport& report);
+std::string html_report(const TuneResult& report);
+
+/// A tune for people: each phase as it starts, its table as it ends, the
+/// plan, and on a terminal a progress line per trial (overwritten in place,
+/// on `progress`).
+///
+/// Example:
+/// ```
+///   batchtune::ConsoleTuneReporter console(std::cout, &std::cerr);
+///   auto result = batchtune::tune(workload, *memory, options, &console);
+/// ```
+class ConsoleTuneReporter : public TuneReporter {
+ public:
+  /// `progress`: where the per-trial progress line goes (a terminal); null
+  /// for none.
+  explicit ConsoleTuneReporter(std::ostream& out, std::ostream* progress = nullptr);
+  void phase_started(TunePhase phase, const std::string& what) override;
+  void trial_started(TunePhase phase, int64_t batch_size) override;
+  void trial_finished(TunePhase phase, const TrialResult& trial, size_t index) override;
+  void phase_finished(TunePhase phase, const TuneResult& result) override;
+  void finished(const TuneResult& result) override;
+
+ private:
+  void clear_progress();
+  std::ostream& out_;
+  std::ostream* progress_;
+  size_t trials_ = 0;
+};
+
+/// Writes a finished run's text to a sink once, at the end: the JSON of
+/// `tune --json`, or the HTML report.
+class FileTuneReporter : public TuneReporter {
+ public:
+  enum class Format { kJson, kHtml };
+  FileTuneReporter(Format format, std::function<void(const std::string&)> write);
+  void finished(const TuneResult& result) override;
+
+ private:
+  Format format_;
+  std::function<void(const std::string&)> write_;
+};
+
+/// Passes every event on to each of several reporters, in order.
+class TuneReporters : public TuneReporter {
+ public:
+  void add(TuneReporter* reporter) { reporters_.push_back(reporter); }
+  void phase_started(TunePhase phase, const std::string& what) override;
+  void trial_started(TunePhase phase, int64_t batch_size) override;
+  void trial_finished(TunePhase phase, const TrialResult& trial, size_t index) override;
+  void phase_finished(TunePhase phase, const TuneResult& result) override;
+  void finished(const TuneResult& result) override;
+
+ private:
+  std::vector<TuneReporter*> reporters_;
+};
 
 }  // namespace batchtune

@@ -54,6 +54,10 @@ class AutocastGuard {
 /// this much faster than fp32: on this project's AVX2 machines it was ~12x
 /// slower, and a marginal gain is not worth the lost precision.
 constexpr double kCpuBf16MinSpeedup = 1.10;
+/// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at
+/// most: the ratio is what matters, and a 12x slower bf16 step at a large
+/// batch would cost more than the decision is worth.
+constexpr int64_t kAmpProbeMaxBatch = 32;
 /// bf16 on CUDA needs Ampere (compute capability 8.0) or newer.
 constexpr int kCudaBf16MinComputeMajor = 8;
 

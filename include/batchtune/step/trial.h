@@ -4,13 +4,20 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
+#include "batchtune/step/amp.h"
+#include "batchtune/step/training_step.h"
+
 namespace batchtune {
 
 class DeviceMemory;
+class TrainingSnapshot;
 class Workload;
 struct Batch;
 
@@ -31,9 +38,67 @@ struct TrialOptions {
   /// Untimed steps before them: the first step allocates the optimizer state
   /// and the allocators' caches, and LibTorch picks its kernels.
   TORCH_ARG(int64_t, warmup_steps) = 1;
-  /// Where each step's batch comes from; by default one synthetic batch made
-  /// before the first step and reused (no data wait).
+  /// Where each step's batch comes from; by default the subject's own batch
+  /// (for a workload: one synthetic batch made before the first step and
+  /// reused, so no data wait).
   TORCH_ARG(BatchSource, batch_source) = nullptr;
+};
+
+/// What a trial trains: the seam between the trial runner, which times and
+/// measures, and whoever owns the model, the optimizer and the step (a
+/// `Workload` through `WorkloadTrial`; the Python package's `nn.Module`,
+/// optimizer and loss function).
+///
+/// The runner calls `save()`, then `prepare(batch_size)`, then
+/// `next_batch()` and `step()` once per step, then `restore()` whatever
+/// happened. `restore()` must leave everything a step changes (parameters,
+/// buffers, gradients, optimizer state, random generators) as `save()` found
+/// it, and drop the prepared batch.
+class TrialSubject {
+ public:
+  virtual ~TrialSubject() = default;
+  /// The model, for messages.
+  virtual std::string describe() const = 0;
+  /// The precision the step runs at.
+  virtual AmpMode amp() const { return AmpMode::kOff; }
+  /// Keeps what a step changes, so that `restore()` can put it back.
+  virtual void save() = 0;
+  /// Untimed, before the first step: makes what steps at `batch_size` need.
+  virtual void prepare(int64_t batch_size) = 0;
+  /// Timed as the step's data wait: takes the next step's batch from
+  /// `source` when given, else reuses the prepared one.
+  virtual void next_batch(const BatchSource& source) { (void)source; }
+  /// One training step exactly as training runs it; returns the loss (a
+  /// scalar tensor; it need not be synchronised).
+  virtual at::Tensor step() = 0;
+  virtual void restore() = 0;
+};
+
+/// A `Workload` as a trial subject: its `TrainingStep` at the whole batch
+/// (the trial's batch size is the micro-batch) and precision `amp`, on
+/// synthetic batches unless a batch source is given.
+class WorkloadTrial : public TrialSubject {
+ public:
+  WorkloadTrial(Workload& workload, c10::Device device, AmpMode amp = AmpMode::kOff);
+  ~WorkloadTrial() override;
+
+  std::string describe() const override;
+  AmpMode amp() const override { return amp_; }
+  void save() override;
+  void prepare(int64_t batch_size) override;
+  void next_batch(const BatchSource& source) override;
+  at::Tensor step() override;
+  void restore() override;
+  Workload& workload() { return workload_; }
+
+ private:
+  Workload& workload_;
+  c10::Device device_;
+  AmpMode amp_;
+  int64_t batch_size_ = 0;
+  std::unique_ptr<Batch> batch_;
+  std::unique_ptr<TrainingStep> step_;
+  std::unique_ptr<TrainingSnapshot> snapshot_;
 };
 
 /// Why a trial did not fit.
@@ -55,6 +120,8 @@ bool is_size_refusal(const std::string& message);
 /// works with these, never with exceptions.
 struct TrialResult {
   int64_t batch_size = 0;
+  /// Precision the step ran at (`off`, `bf16`, `fp16`).
+  AmpMode amp = AmpMode::kOff;
   bool fits = false;
   TrialFailure failure = TrialFailure::kNone;
   /// Peak device memory during the trial (see `DeviceMemory::peak_bytes`).
@@ -101,7 +168,12 @@ struct TrialResult {
 /// ```
 class TrialRunner {
  public:
-  TrialRunner(Workload& workload, DeviceMemory& memory, double margin = kDefaultMargin);
+  /// Trials of `subject` (which must outlive the runner).
+  TrialRunner(TrialSubject& subject, DeviceMemory& memory, double margin = kDefaultMargin);
+  /// Trials of `workload`'s training step at precision `amp`.
+  TrialRunner(Workload& workload, DeviceMemory& memory, double margin = kDefaultMargin,
+              AmpMode amp = AmpMode::kOff);
+  ~TrialRunner();
 
   /// Runs one trial. Only out-of-memory becomes a result with
   /// `fits == false`; other errors (a shape mismatch) propagate.
@@ -111,9 +183,14 @@ class TrialRunner {
   int64_t total_steps() const { return total_steps_; }
   double margin() const { return margin_; }
   DeviceMemory& memory() { return memory_; }
+  TrialSubject& subject() { return *subject_; }
+  AmpMode amp() const { return subject_->amp(); }
 
  private:
-  Workload& workload_;
+  TrialRunner(std::unique_ptr<TrialSubject> owned, DeviceMemory& memory, double margin);
+
+  std::unique_ptr<TrialSubject> owned_;  // the workload's, when made from one
+  TrialSubject* subject_;
   DeviceMemory& memory_;
   double margin_;
   int64_t total_steps_ = 0;

@@ -9,27 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/data/batch.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/models/model.h"
 
 namespace batchtune {
-
-/// One batch of training data on the workload's device, as the workload's
-/// `InputSpec` describes it.
-struct Batch {
-  /// The model's inputs, in order: [batch, ...shape] each.
-  std::vector<at::Tensor> inputs;
-  /// [batch] class indices, [batch, T] token classes or [batch, ...shape]
-  /// floats; undefined when the spec has no target.
-  at::Tensor target;
-  /// The first input (all that single-input models take).
-  const at::Tensor& input() const { return inputs.front(); }
-  int64_t size() const { return inputs.front().size(0); }
-};
-
-/// Samples [begin, begin + length) of `batch`: every input and the target
-/// narrowed along the batch dimension (views, no copy).
-Batch narrow_batch(const Batch& batch, int64_t begin, int64_t length);
 
 /// What is trained: a model, its input, the loss and the optimizer.
 ///
@@ -40,7 +24,7 @@ Batch narrow_batch(const Batch& batch, int64_t begin, int64_t length);
 ///                                    .input_shape({3, 64, 64})
 ///                                    .optimizer("sgd"));
 ///   auto batch = workload.synthetic_batch(32);
-///   double loss = workload.step(batch);
+///   at::Tensor loss = workload.compute_loss(batch);
 /// ```
 struct WorkloadOptions {
   /// Built-in model name (see `builtin_model_names()`) or a TorchScript file
@@ -102,10 +86,6 @@ class Workload {
   /// the model's output does not suit the targets, or the loss is not a
   /// scalar.
   at::Tensor compute_loss(const Batch& batch);
-
-  /// The real training step: forward, loss, backward, optimizer step, and
-  /// gradients set to none. Returns the loss, detached.
-  at::Tensor step(const Batch& batch);
 
  private:
   void check_trains();

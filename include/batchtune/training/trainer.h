@@ -8,12 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/step/amp.h"
-#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/data/dataset.h"
-#include "batchtune/step/loss_scaler.h"
-#include "batchtune/training/noise_scale.h"
+#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/plan/plan.h"
+#include "batchtune/step/training_step.h"
 
 namespace batchtune {
 
@@ -154,12 +152,14 @@ class Trainer {
 
   /// The plan as it stands (micro-batch and accumulation change on OOM).
   const Plan& plan() const { return plan_; }
-  LossScaler& scaler() { return scaler_; }
+  LossScaler& scaler() { return training_step_.scaler(); }
   /// Optimizer steps in one epoch (the last partial logical batch dropped).
   int64_t steps_per_epoch() const;
   /// The gradient noise scale as measured so far; data parallelism adds the
   /// local against the all-reduced gradient to its `estimator()`.
-  NoiseScaleTracker& noise_scale() { return noise_; }
+  NoiseScaleTracker& noise_scale() { return training_step_.noise_scale(); }
+  /// The training step it runs (the one the trial runner times).
+  TrainingStep& training_step() { return training_step_; }
 
  private:
   void train_step(const Batch& batch);
@@ -176,11 +176,10 @@ class Trainer {
   const Dataset& train_;
   const Dataset* test_;
   TrainOptions options_;
-  LossScaler scaler_;
+  TrainingStep training_step_;
   TrainCallback callback_;
   UtilizationSource utilization_;
   std::function<void(int64_t)> before_step_;
-  NoiseScaleTracker noise_;
   DataParallel data_parallel_;
 
   // Position: optimizer steps done, the epoch and logical batch within it.
@@ -209,27 +208,5 @@ class Trainer {
   Mark log_mark_;
   Mark progress_mark_;
 };
-
-/// One logical batch's gradients: the samples at `indices` taken from
-/// `data` in micro-batches of at most `micro_batch_size`, each moved to
-/// `device`, its loss (under autocast per `amp`) weighted by its share of
-/// the batch and scaled by `scaler`, back-propagated. Gradients add up in
-/// the parameters (zero them before); returns the batch's mean loss,
-/// detached. Out-of-memory propagates. Adds the time spent fetching data to
-/// `data_seconds` when given.
-at::Tensor accumulate_gradients(Workload& workload, const Dataset& data,
-                                const std::vector<int64_t>& indices, int64_t micro_batch_size,
-                                AmpMode amp, const LossScaler& scaler, c10::Device device,
-                                double* data_seconds = nullptr);
-
-/// The same for a logical batch already in host memory (from a `Loader`):
-/// sliced into micro-batches, each moved to `device` (with `non_blocking`
-/// when the batch is pinned), the time of the moves added to `data_seconds`.
-at::Tensor accumulate_gradients(Workload& workload, const Batch& batch, int64_t micro_batch_size,
-                                AmpMode amp, const LossScaler& scaler, c10::Device device,
-                                double* data_seconds = nullptr);
-
-/// Sets the learning rate of every parameter group.
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 }  // namespace batchtune

@@ -9,16 +9,16 @@
 #include <vector>
 
 #include "batchtune/plan/plan.h"
+#include "batchtune/tuning/sweep.h"
 
 namespace batchtune {
 
 class Dataset;
 class TrialRunner;
 
-/// The loader keeps up when the step waits for data less than this share of
-/// its time (the same line as the sweep's input-bound diagnosis).
-constexpr double kLoaderMaxWait = 0.05;
-/// A setting only counts as keeping up when it also trains within this
+/// The loader keeps up when the step waits for data less than
+/// `kInputBoundWait` of its time (the sweep's input-bound line). A setting
+/// only counts as keeping up when it also trains within this
 /// share of the fastest setting measured: on a CPU the workers compete with
 /// LibTorch's compute threads, and a short wait can come with a slower step
 /// (measured here: 1 worker waited 2 % of the step but trained 5x slower).
@@ -56,7 +56,7 @@ std::vector<int64_t> loader_worker_grid(int64_t cores);
 /// data wait stays under `max_wait` and whose throughput is within
 /// `kLoaderThroughputTolerance` of the fastest row; when none does, the
 /// fastest row. Rows must not be empty.
-LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait = kLoaderMaxWait);
+LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait = kInputBoundWait);
 
 /// Times every worker count of `grid` (with and without pinned memory when
 /// `cuda`) through `measure` and returns the rows in that order.
@@ -105,7 +105,7 @@ void set_pipeline_reason(Plan& plan, const std::string& why);
 /// least `max_wait` of the step (saying what to change), else "not
 /// input-bound: ...".
 std::string input_diagnosis(double data_wait_fraction, int64_t workers,
-                            double max_wait = kLoaderMaxWait);
+                            double max_wait = kInputBoundWait);
 
 nlohmann::json to_json(const LoaderRow& row);
 nlohmann::json to_json(const std::vector<LoaderRow>& rows);

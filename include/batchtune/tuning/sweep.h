@@ -36,6 +36,7 @@ constexpr double kInputBoundWait = 0.05;
 /// One batch size of the sweep: what training at that size looks like.
 struct SweepRow {
   int64_t batch_size = 0;
+  AmpMode amp = AmpMode::kOff;      ///< the precision it was timed at
   double samples_per_s = 0;         ///< median
   double samples_per_s_spread = 0;  ///< interquartile range / median
   double step_ms = 0;               ///< median

@@ -1,4 +1,4 @@
-#include "batchtune/monitoring/energy.h"
+#include "batchtune/tuning/energy.h"
 
 #include <fmt/format.h>
 

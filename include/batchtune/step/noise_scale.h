@@ -9,15 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/step/amp.h"
-
 namespace batchtune {
-
-struct Batch;
-class Dataset;
-class DeviceMemory;
-class LossScaler;
-class Workload;
 
 /// Weight of the past in the moving averages of the two estimates: about the
 /// last 1 / (1 − 0.95) = 20 measurements count. Single measurements of
@@ -130,49 +122,5 @@ class NoiseScaleTracker {
   NoiseScaleEstimator estimator_;
   std::vector<Pending> pending_;
 };
-
-/// `accumulate_gradients` (see trainer.h) over `batch`, measuring the
-/// noise scale on the way: the first `small_batch` samples are
-/// back-propagated first and the gradient's squared norm taken, then the
-/// rest; the gradients are rescaled around the second part so that they end
-/// exactly as one logical batch's mean gradient. Adds (small, |G_small|²,
-/// all, |G_big|²) to `tracker` once the whole batch succeeded; an
-/// out-of-memory propagates with nothing added.
-at::Tensor accumulate_gradients_measuring_noise(Workload& workload, const Batch& batch,
-                                                int64_t micro_batch_size, int64_t small_batch,
-                                                AmpMode amp, const LossScaler& scaler,
-                                                c10::Device device, NoiseScaleTracker& tracker,
-                                                double* data_seconds = nullptr);
-
-/// What a short measuring run found.
-struct NoiseScaleMeasurement {
-  std::optional<double> noise_scale;  ///< B_simple; nullopt when not measured
-  int64_t small_batch = 0;            ///< the micro-batch
-  int64_t big_batch = 0;              ///< the logical batch
-  int64_t steps = 0;                  ///< optimizer steps run
-  int64_t measurements = 0;
-  double seconds = 0;
-  std::optional<double> gradient_sq_norm;
-  std::optional<double> trace_covariance;
-  std::string note;  ///< why it is missing, when it is
-};
-
-/// Optimizer steps of the measuring run of `tune --objective goodput`: a few
-/// EMA windows, so that the first noisy measurements have faded.
-constexpr int64_t kDefaultNoiseRunSteps = 60;
-/// Micro-batches per logical batch in the measuring run: the two batch sizes
-/// differ by this factor, far enough apart that |G_small|² − |G_big|² is not
-/// lost in rounding, near enough that the run stays short.
-constexpr int64_t kNoiseRunAccumulation = 4;
-
-/// Trains `workload` on `data` for `steps` optimizer steps with micro-batch
-/// `micro_batch` × `kNoiseRunAccumulation` and the learning rate `lr`, and
-/// reads the noise scale the loop measured. The model, its optimizer state
-/// and the random generator are put back afterwards (a tune leaves no
-/// trace). Throws `batchtune::Error` when the data is too small.
-NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memory,
-                                          const Dataset& data, int64_t micro_batch, double lr,
-                                          int64_t steps = kDefaultNoiseRunSteps,
-                                          uint64_t seed = 0);
 
 }  // namespace batchtune

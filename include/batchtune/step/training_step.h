@@ -1,0 +1,93 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "batchtune/data/batch.h"
+#include "batchtune/step/amp.h"
+#include "batchtune/step/loss_scaler.h"
+#include "batchtune/step/noise_scale.h"
+
+namespace batchtune {
+
+class Workload;
+
+/// What a plan says of one optimizer step.
+struct StepOptions {
+  /// Samples per forward/backward; 0 for the whole logical batch at once.
+  TORCH_ARG(int64_t, micro_batch_size) = 0;
+  /// Autocast precision (never `kAuto`: resolve it with `choose_amp` first);
+  /// `kFp16` also runs the dynamic loss scaler.
+  TORCH_ARG(AmpMode, amp) = AmpMode::kOff;
+  /// Measure the gradient noise scale on the steps `NoiseScaleTracker`
+  /// picks (the first micro-batch against the logical batch; without
+  /// accumulation, one step in `kNoiseScaleEveryWithoutAccumulation` split
+  /// in two halves).
+  TORCH_ARG(bool, measure_noise_scale) = false;
+};
+
+/// The training step, once, for everything that runs one: the trial runner
+/// times it, the training loop trains with it.
+///
+/// `backward()` makes one logical batch's gradients: the batch in
+/// micro-batches, each moved to the device, its loss under autocast at the
+/// plan's precision, weighted by its share of the batch and scaled by the
+/// loss scaler, back-propagated. `apply()` is the optimizer step: unscaled
+/// and skipped on inf/NaN for fp16, then the scale updated and the
+/// gradients set to none. Between the two the caller may average gradients
+/// across ranks. `run()` is both.
+///
+/// Example:
+/// ```
+///   batchtune::TrainingStep step(workload, device,
+///                                batchtune::StepOptions().micro_batch_size(32)
+///                                    .amp(batchtune::AmpMode::kBf16));
+///   at::Tensor loss = step.run(batch);  // batch of 128: 4 micro-batches
+/// ```
+class TrainingStep {
+ public:
+  TrainingStep(Workload& workload, c10::Device device, StepOptions options = {});
+
+  /// Gradients of `batch` (on the host or the device) from zero; returns its
+  /// mean loss, detached, as a float scalar on the device (no
+  /// synchronisation). `step_index` (optimizer steps before this one) picks
+  /// the steps that measure the noise scale. Adds the time spent moving data
+  /// to `data_seconds` when given. An out-of-memory propagates, with the
+  /// gradients dropped.
+  at::Tensor backward(const Batch& batch, int64_t step_index = 0,
+                      double* data_seconds = nullptr);
+  /// The optimizer step on the gradients `backward` made, at `lr` for every
+  /// parameter group when given. Returns false when the loss scaler skipped
+  /// it (fp16 gradients that are not finite).
+  bool apply(std::optional<double> lr = std::nullopt);
+  /// `backward` then `apply`: what a trial times.
+  at::Tensor run(const Batch& batch, int64_t step_index = 0);
+
+  const StepOptions& options() const { return options_; }
+  int64_t micro_batch_size() const { return options_.micro_batch_size(); }
+  /// After an out-of-memory: the next steps run smaller micro-batches.
+  void set_micro_batch_size(int64_t micro_batch_size);
+  LossScaler& scaler() { return scaler_; }
+  NoiseScaleTracker& noise_scale() { return noise_; }
+  Workload& workload() { return workload_; }
+
+ private:
+  at::Tensor accumulate(const Batch& batch, double* data_seconds);
+  at::Tensor accumulate_measuring_noise(const Batch& batch, int64_t small_batch,
+                                        double* data_seconds);
+
+  Workload& workload_;
+  c10::Device device_;
+  StepOptions options_;
+  LossScaler scaler_;
+  NoiseScaleTracker noise_;
+};
+
+/// Sets the learning rate of every parameter group.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+}  // namespace batchtune

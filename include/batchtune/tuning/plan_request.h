@@ -1,0 +1,57 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "batchtune/plan/plan.h"
+#include "batchtune/step/amp.h"
+
+namespace batchtune {
+
+class DeviceMemory;
+class Workload;
+
+/// What was asked of a plan. A field left empty is chosen: read from the
+/// plan file, found by a tune, or set by the plan's rules. The CLI fills it
+/// from its flags (a flag given is a field set); a library caller sets what
+/// it wants.
+struct PlanRequest {
+  /// The micro-batch (`--batch-size`); empty: from the plan file or a tune.
+  std::optional<int64_t> micro_batch_size;
+  /// A plan to start from (`--plan`); every field set here overrides its value.
+  std::string plan_file;
+  std::optional<int64_t> target_batch;
+  std::optional<double> base_lr;
+  std::optional<int64_t> base_batch;
+  std::optional<LrScaling> lr_scaling;
+  std::optional<int64_t> warmup_steps;
+  /// Mixed precision; empty: the plan file's, else `auto`.
+  std::optional<AmpMode> amp;
+  std::optional<int64_t> workers;
+  std::optional<int64_t> prefetch;
+  /// Pinned staging memory; empty: on for CUDA (it never applies on a CPU).
+  std::optional<bool> pin_memory;
+  /// An exact learning rate (`--lr`), not scaled with the global batch.
+  std::optional<double> lr;
+  /// Processes of the job: the plan's world size.
+  int64_t world_size = 1;
+};
+
+/// Checks the request's values for range; throws `batchtune::Error` naming
+/// the flag.
+void validate(const PlanRequest& request);
+
+/// What `workload` on `memory` is, as a plan records it.
+PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& memory,
+                               const PlanRequest& request);
+
+/// The plan `request` asks for around a micro-batch already chosen: the
+/// micro-batch `micro_batch_size` (why: `micro_reason`) at precision `amp`
+/// (resolved), the rest from the request and its plan file, for `workload`
+/// on `memory`. Every reason says where its value came from.
+Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
+                const std::string& micro_reason, const AmpChoice& amp, const Workload& workload,
+                const DeviceMemory& memory);
+
+}  // namespace batchtune

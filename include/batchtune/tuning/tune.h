@@ -1,0 +1,253 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "batchtune/tuning/energy.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/step/amp.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/tuning/goodput.h"
+#include "batchtune/tuning/loader_tuning.h"
+#include "batchtune/tuning/noise_run.h"
+#include "batchtune/tuning/plan_request.h"
+#include "batchtune/tuning/search.h"
+#include "batchtune/tuning/sweep.h"
+
+namespace batchtune {
+
+class DataParallel;
+class Dataset;
+class DeviceMemory;
+class Monitor;
+class Workload;
+
+/// The phases of a tune, in order.
+enum class TunePhase { kPrecision, kSearch, kSweep, kNoise, kLoader, kPlan };
+std::string to_string(TunePhase phase);
+
+/// Shares of the time budget (`TuneOptions::time_budget_s`) that each phase
+/// may spend. What a phase leaves unused is handed on to the next, so a
+/// quick search leaves the sweep more time. The search decides the answer
+/// that matters most (what fits) and the sweep the throughput choice; the
+/// noise run and loader tuning refine the plan.
+constexpr double kSearchBudgetShare = 0.40;
+constexpr double kSweepBudgetShare = 0.35;
+constexpr double kNoiseBudgetShare = 0.15;
+constexpr double kLoaderBudgetShare = 0.10;
+
+/// One reading of device utilization during the run, for the timeline plot.
+struct UtilizationPoint {
+  double seconds = 0;  ///< since the run started
+  std::optional<double> utilization;
+};
+
+/// Everything a tune found, as plain data; the console table, the JSON
+/// (`to_json`, exactly what `batchtune tune --json` writes) and the HTML
+/// report are views of it.
+struct TuneResult {
+  std::string workload;  ///< "resnet18 (11181642 parameters)"
+  std::string device;    ///< "cpu", "cuda:0"
+  int threads = 0;
+  /// The precision every trial and sweep row ran at, and why.
+  AmpMode amp = AmpMode::kOff;
+  std::string amp_reason;
+  SearchResult search;
+  /// Data parallel: this rank's own largest batch (the search's is the job's,
+  /// the smallest rank's).
+  std::optional<int64_t> rank_max_batch_size;
+  std::vector<SweepRow> sweep;
+  Objective objective = Objective::kThroughput;
+  Selection selection;
+  Diagnosis diagnosis;
+  int64_t capacity_bytes = 0;
+  int64_t usable_bytes = 0;
+  double margin = 0;
+  std::vector<UtilizationPoint> timeline;
+  /// Why utilization is missing, when it is ("libnvidia-ml.so.1 not found").
+  std::string utilization_note;
+  /// False when the run was stopped (an interrupt) before it finished:
+  /// what was measured until then is kept.
+  bool complete = true;
+  /// Why it stopped early ("SIGINT"); empty when complete.
+  std::string interrupted_by;
+  /// Only the search ran (`TuneOptions::search_only`).
+  bool search_only = false;
+  /// The time budget of the whole run, and what each phase spent.
+  double time_budget_s = 0;
+  std::vector<std::pair<TunePhase, double>> phase_seconds;
+  /// `--objective goodput`: the noise-scale run, on what data, the base
+  /// batch B0 of the efficiency, every candidate global batch and the choice.
+  std::optional<NoiseScaleMeasurement> noise;
+  std::string noise_data;
+  int64_t goodput_base_batch = 0;
+  std::vector<GoodputCandidate> goodput;
+  std::optional<GoodputCandidate> goodput_choice;
+  /// "energy per sample unavailable, because …" where a row has no energy
+  /// reading; empty when every row has one.
+  std::string energy_note;
+  /// `--objective energy`: η and the Zeus cost of each row with a reading.
+  double eta = kDefaultEta;
+  std::vector<EnergyCost> energy_costs;
+  /// The input pipeline, timed on the data at the chosen micro-batch.
+  LoaderTuning loader;
+  /// The plan to train with; none for a search only, or when nothing fits.
+  std::optional<Plan> plan;
+};
+
+/// What a tune reports as it goes: each phase as it starts, each trial as it
+/// finishes. Console, JSON and HTML reporters implement it; so can a test or
+/// the Python package.
+class TuneReporter {
+ public:
+  virtual ~TuneReporter() = default;
+  /// A phase begins; `what` says what it will do ("timing 8 batch sizes up to 200").
+  virtual void phase_started(TunePhase phase, const std::string& what) {
+    (void)phase;
+    (void)what;
+  }
+  /// A trial at `batch_size` is about to run.
+  virtual void trial_started(TunePhase phase, int64_t batch_size) {
+    (void)phase;
+    (void)batch_size;
+  }
+  /// A trial ended; `index` counts the phase's trials from 0.
+  virtual void trial_finished(TunePhase phase, const TrialResult& trial, size_t index) {
+    (void)phase;
+    (void)trial;
+    (void)index;
+  }
+  /// A phase ended; `result` holds what it found.
+  virtual void phase_finished(TunePhase phase, const TuneResult& result) {
+    (void)phase;
+    (void)result;
+  }
+  /// The run ended (complete or not).
+  virtual void finished(const TuneResult& result) { (void)result; }
+};
+
+/// Returns why to stop ("SIGINT"), or nullopt to go on. Asked before every
+/// trial and between phases.
+using StopRequest = std::function<std::optional<std::string>()>;
+
+/// How a tune runs.
+///
+/// Example:
+/// ```
+///   auto memory = batchtune::make_device_memory(c10::kCPU, 512 << 20);
+///   batchtune::Workload workload(batchtune::WorkloadOptions().model("lenet")
+///                                    .input_shape({1, 28, 28}));
+///   batchtune::TuneResult result = batchtune::tune(
+///       workload, *memory, batchtune::TuneOptions().time_budget_s(60));
+///   if (result.plan) std::cout << result.plan->micro_batch_size;
+/// ```
+struct TuneOptions {
+  /// The search's strategy, cap and tolerance (its `time_budget_s` is set
+  /// from this struct's `time_budget_s` and `kSearchBudgetShare`).
+  TORCH_ARG(SearchOptions, search) = SearchOptions();
+  /// Seconds for the whole run: search, sweep, noise run and loader tuning,
+  /// each with its share (see `kSearchBudgetShare`). A trial that started
+  /// runs to its end, so a run ends within the budget plus one trial.
+  TORCH_ARG(double, time_budget_s) = kDefaultTimeBudgetSeconds;
+  /// Share of the device's capacity kept free: fits = peak ≤ capacity × (1 −
+  /// margin). The `TrialRunner` overload takes the runner's.
+  TORCH_ARG(double, margin) = kDefaultMargin;
+  /// Only search the largest batch that fits: no sweep, no plan.
+  TORCH_ARG(bool, search_only) = false;
+  TORCH_ARG(Objective, objective) = Objective::kThroughput;
+  /// Share of the best throughput within which the smallest batch is chosen.
+  TORCH_ARG(double, tolerance) = kDefaultThroughputTolerance;
+  /// Precision of every trial; `kAuto` is resolved first (`choose_amp`).
+  TORCH_ARG(AmpMode, amp) = AmpMode::kAuto;
+  /// `kEnergy`: the weight of energy against time in the Zeus cost.
+  TORCH_ARG(double, eta) = kDefaultEta;
+  /// `kGoodput`: optimizer steps of the noise-scale run.
+  TORCH_ARG(int64_t, noise_steps) = kDefaultNoiseRunSteps;
+  /// Real training data: the goodput objective's noise run and loader
+  /// tuning train on it, and no micro-batch larger than it is tried.
+  /// Null (or synthetic data) skips both, with a note.
+ public:
+  TuneOptions& data(const Dataset* value) {
+    data_ = value;
+    return *this;
+  }
+  const Dataset* data() const { return data_; }
+  /// Seeds the loader tuning's batches and the noise run.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// CPU cores, for the loader tuning's worker counts.
+  TORCH_ARG(int64_t, cores) = 1;
+  /// What the plan is asked to be (target batch, lr, warm-up...); its
+  /// micro-batch and precision come from the tune.
+  TORCH_ARG(PlanRequest, plan) = PlanRequest();
+  /// Data parallel: every rank tunes its own device, the job takes the
+  /// smallest rank's maximum and rank 0's plan. Null for one process.
+ public:
+  TuneOptions& data_parallel(DataParallel* value) {
+    data_parallel_ = value;
+    return *this;
+  }
+  DataParallel* data_parallel() const { return data_parallel_; }
+  /// A running monitor of the device: utilization and energy per sweep row,
+  /// and the timeline. Null for none.
+ public:
+  TuneOptions& monitor(Monitor* value) {
+    monitor_ = value;
+    return *this;
+  }
+  Monitor* monitor() const { return monitor_; }
+  /// Asked before every trial; a stop ends the run with what was measured
+  /// (`complete == false`).
+  TORCH_ARG(StopRequest, stop) = nullptr;
+  /// The clock of the time budget (a fake in tests); null for the steady clock.
+ public:
+  TuneOptions& clock(Clock* value) {
+    clock_ = value;
+    return *this;
+  }
+  Clock* clock() const { return clock_; }
+
+ private:
+  const Dataset* data_ = nullptr;
+  DataParallel* data_parallel_ = nullptr;
+  Monitor* monitor_ = nullptr;
+  Clock* clock_ = nullptr;
+};
+
+/// The pipeline: precision, then the search for the largest micro-batch that
+/// fits, the sweep for the fastest, the objective, the noise run (goodput),
+/// loader tuning (with data), and the plan — every trial running
+/// `workload`'s training step at the resolved precision. Leaves the workload
+/// as it was. Throws `batchtune::Error` for bad options, when not even batch
+/// size 1 fits, or when a trial fails for another reason than its size.
+TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter = nullptr);
+
+/// The same over trials of any subject (a `TrialRunner` over the Python
+/// package's model): the precision is the subject's. Without a `workload`
+/// the noise run and loader tuning are skipped (with a note), and the plan
+/// records no workload.
+TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter = nullptr,
+                Workload* workload = nullptr);
+
+/// What `batchtune train` runs when given neither `--batch-size` nor
+/// `--plan`: a tune of at most `kQuickTuneTimeBudgetSeconds` with the
+/// throughput objective, no noise run, no loader tuning.
+constexpr double kQuickTuneTimeBudgetSeconds = 60;
+TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch);
+
+/// The plan to train `workload` with, as `request` asks: its plan file
+/// (checked against the workload, the request's fields overriding the
+/// file's), or its micro-batch, or — with neither — a quick tune
+/// (`quick_tune_options`, reported to `reporter`, agreed over ranks by
+/// `data_parallel`). Throws `batchtune::Error` naming the field, and
+/// `batchtune::Interrupted` when `stop` ended the quick tune.
+Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& memory,
+                  int64_t max_batch = kDefaultMaxBatch, TuneReporter* reporter = nullptr,
+                  DataParallel* data_parallel = nullptr, StopRequest stop = nullptr);
+
+}  // namespace batchtune

@@ -1,0 +1,103 @@
+#include "batchtune/step/noise_scale.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+
+namespace batchtune {
+
+NoiseScaleEstimator::NoiseScaleEstimator(NoiseScaleOptions options) : options_(options) {
+  TORCH_CHECK(options_.decay() >= 0 && options_.decay() < 1,
+              "NoiseScaleEstimator: decay must be in [0, 1), got ", options_.decay());
+}
+
+void NoiseScaleEstimator::add(double small_batch, double small_sq_norm, double big_batch,
+                              double big_sq_norm) {
+  TORCH_CHECK(small_batch > 0 && big_batch > small_batch,
+              "NoiseScaleEstimator::add: need 0 < small batch < big batch, got ", small_batch,
+              " and ", big_batch);
+  if (!std::isfinite(small_sq_norm) || !std::isfinite(big_sq_norm)) return;
+  // McCandlish et al. 2018, appendix A.1: unbiased for |G|² and tr(Σ), since
+  // E|G_B|² = |G|² + tr(Σ)/B for a mean gradient over B samples.
+  const double gradient_sq =
+      (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch);
+  const double trace = (small_sq_norm - big_sq_norm) / (1 / small_batch - 1 / big_batch);
+  const double d = options_.decay();
+  ema_gradient_sq_ = d * ema_gradient_sq_ + (1 - d) * gradient_sq;
+  ema_trace_ = d * ema_trace_ + (1 - d) * trace;
+  decay_power_ *= d;
+  ++measurements_;
+}
+
+std::optional<double> NoiseScaleEstimator::gradient_sq_norm() const {
+  if (measurements_ == 0) return std::nullopt;
+  return ema_gradient_sq_ / (1 - decay_power_);
+}
+
+std::optional<double> NoiseScaleEstimator::trace_covariance() const {
+  if (measurements_ == 0) return std::nullopt;
+  return ema_trace_ / (1 - decay_power_);
+}
+
+std::optional<double> NoiseScaleEstimator::noise_scale() const {
+  if (measurements_ == 0 || !(ema_gradient_sq_ > 0)) return std::nullopt;
+  // The bias corrections of the two averages are the same factor: it cancels.
+  return ema_trace_ / ema_gradient_sq_;
+}
+
+at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2);
+  return at::stack(norms).to(at::kFloat).square().sum();
+}
+
+int64_t NoiseScaleTracker::small_batch(int64_t step, int64_t global_batch, int64_t micro_batch) {
+  if (global_batch > micro_batch) return micro_batch;
+  if (global_batch >= 2 && step % kNoiseScaleEveryWithoutAccumulation == 0) {
+    return global_batch / 2;
+  }
+  return 0;
+}
+
+void NoiseScaleTracker::add(int64_t small_batch, at::Tensor small_sq_norm, int64_t big_batch,
+                            at::Tensor big_sq_norm, double loss_scale) {
+  pending_.push_back(
+      {small_batch, std::move(small_sq_norm), big_batch, std::move(big_sq_norm), loss_scale});
+  if (pending_.size() >= kMaxPendingNoiseMeasurements) flush();
+}
+
+void NoiseScaleTracker::flush() {
+  if (pending_.empty()) return;
+  // One copy to the host for all queued measurements.
+  std::vector<at::Tensor> values;
+  for (const auto& p : pending_) {
+    values.push_back(p.small_sq_norm.reshape({1}));
+    values.push_back(p.big_sq_norm.reshape({1}));
+  }
+  const at::Tensor host = at::cat(values).to(at::kCPU).to(at::kDouble);
+  const double* v = host.data_ptr<double>();
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    const double scale_sq = pending_[i].loss_scale * pending_[i].loss_scale;
+    estimator_.add(static_cast<double>(pending_[i].small_batch), v[2 * i] / scale_sq,
+                   static_cast<double>(pending_[i].big_batch), v[2 * i + 1] / scale_sq);
+  }
+  pending_.clear();
+}
+
+std::optional<double> NoiseScaleTracker::noise_scale() {
+  flush();
+  return estimator_.noise_scale();
+}
+
+NoiseScaleEstimator& NoiseScaleTracker::estimator() {
+  flush();
+  return estimator_;
+}
+
+}  // namespace batchtune

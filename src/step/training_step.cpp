@@ -1,0 +1,151 @@
+#include "batchtune/step/training_step.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "batchtune/common/error.h"
+#include "batchtune/step/workload.h"
+
+namespace batchtune {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::vector<at::Tensor> defined_gradients(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+}  // namespace
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+TrainingStep::TrainingStep(Workload& workload, c10::Device device, StepOptions options)
+    : workload_(workload),
+      device_(device),
+      options_(options),
+      scaler_(LossScalerOptions().enabled(options.amp() == AmpMode::kFp16), device) {
+  TORCH_CHECK(options_.amp() != AmpMode::kAuto,
+              "TrainingStep: resolve amp auto (choose_amp) before stepping");
+  TORCH_CHECK(options_.micro_batch_size() >= 0, "TrainingStep: negative micro-batch");
+}
+
+void TrainingStep::set_micro_batch_size(int64_t micro_batch_size) {
+  TORCH_CHECK(micro_batch_size >= 1, "TrainingStep: micro-batch must be at least 1");
+  options_.micro_batch_size(micro_batch_size);
+}
+
+at::Tensor TrainingStep::backward(const Batch& batch, int64_t step_index, double* data_seconds) {
+  workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  try {
+    const int64_t micro = options_.micro_batch_size() > 0 ? options_.micro_batch_size()
+                                                          : batch.size();
+    const int64_t small =
+        options_.measure_noise_scale()
+            ? NoiseScaleTracker::small_batch(step_index, batch.size(), micro)
+            : 0;
+    return small > 0 ? accumulate_measuring_noise(batch, small, data_seconds)
+                     : accumulate(batch, data_seconds);
+  } catch (...) {
+    // A failed step leaves partial gradients behind: none survive it.
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+    throw;
+  }
+}
+
+bool TrainingStep::apply(std::optional<double> lr) {
+  auto& optimizer = workload_.optimizer();
+  if (lr) set_learning_rate(optimizer, *lr);
+  const bool stepped = scaler_.step(optimizer);
+  scaler_.update();
+  optimizer.zero_grad(/*set_to_none=*/true);
+  return stepped;
+}
+
+at::Tensor TrainingStep::run(const Batch& batch, int64_t step_index) {
+  at::Tensor loss = backward(batch, step_index);
+  apply();
+  return loss;
+}
+
+at::Tensor TrainingStep::accumulate(const Batch& host_batch, double* data_seconds) {
+  const int64_t total = host_batch.size();
+  TORCH_CHECK(total > 0, "TrainingStep: an empty batch");
+  const int64_t micro = options_.micro_batch_size() > 0 ? options_.micro_batch_size() : total;
+  const bool non_blocking = host_batch.inputs.at(0).is_pinned();
+  at::Tensor loss_sum;
+  for (int64_t begin = 0; begin < total; begin += micro) {
+    const int64_t end = std::min(total, begin + micro);
+    // Without accumulation the share is 1: no views and no extra ops on a
+    // hot, tiny step.
+    const bool whole = end - begin == total;
+    const auto fetch_start = Clock::now();
+    const Batch batch = to_device(whole ? host_batch : narrow_batch(host_batch, begin, end - begin),
+                                  device_, non_blocking);
+    if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
+    at::Tensor loss;
+    {
+      AutocastGuard autocast(device_.type(), options_.amp());
+      loss = workload_.compute_loss(batch);
+    }
+    // Mean over the logical batch = sum of micro-batch means × their shares
+    // (1 / accumulation_steps when the micro-batches are equal).
+    const double share = static_cast<double>(end - begin) / static_cast<double>(total);
+    scaler_.scale(whole ? loss : loss * share).backward();
+    at::Tensor part = loss.detach();
+    if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
+    if (!whole) part = part * share;
+    loss_sum = loss_sum.defined() ? loss_sum + part : part;
+  }
+  return loss_sum;
+}
+
+at::Tensor TrainingStep::accumulate_measuring_noise(const Batch& batch, int64_t small_batch,
+                                                    double* data_seconds) {
+  // The first `small_batch` samples are back-propagated alone and their
+  // gradient's squared norm taken, then the rest; the gradients are rescaled
+  // around the second part so that they end as one logical batch's mean.
+  const int64_t total = batch.size();
+  TORCH_CHECK(small_batch >= 1 && small_batch < total,
+              "TrainingStep: the noise-scale batch must be in [1, ", total - 1, "], got ",
+              small_batch);
+  const Batch first = narrow_batch(batch, 0, small_batch);
+  const Batch rest = narrow_batch(batch, small_batch, total - small_batch);
+  const std::vector<at::Tensor> parameters = workload_.model().parameters();
+  const double m = static_cast<double>(small_batch);
+  const double b = static_cast<double>(total);
+
+  const at::Tensor first_loss = accumulate(first, data_seconds);
+  at::Tensor small_sq = squared_gradient_norm(parameters);
+  // Weigh it m/(b−m) against the rest's mean gradient, which the second call
+  // adds with weight 1; scaling the sum by (b−m)/b then leaves
+  // (m/b)·g_first + ((b−m)/b)·g_rest: the logical batch's mean gradient.
+  {
+    std::vector<at::Tensor> grads = defined_gradients(parameters);
+    if (!grads.empty()) at::_foreach_mul_(grads, at::Scalar(m / (b - m)));
+  }
+  const at::Tensor rest_loss = accumulate(rest, data_seconds);
+  {
+    std::vector<at::Tensor> grads = defined_gradients(parameters);
+    if (!grads.empty()) at::_foreach_mul_(grads, at::Scalar((b - m) / b));
+  }
+  at::Tensor big_sq = squared_gradient_norm(parameters);
+  noise_.add(small_batch, std::move(small_sq), total, std::move(big_sq),
+             scaler_.enabled() ? scaler_.current_scale() : 1.0);
+  return first_loss * (m / b) + rest_loss * ((b - m) / b);
+}
+
+}  // namespace batchtune

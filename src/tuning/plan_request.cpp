@@ -1,0 +1,114 @@
+#include "batchtune/tuning/plan_request.h"
+
+#include <fmt/format.h>
+
+#include "batchtune/common/error.h"
+#include "batchtune/data/input_spec.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/workload.h"
+#include "batchtune/tuning/loader_tuning.h"
+
+namespace batchtune {
+
+void validate(const PlanRequest& r) {
+  if (r.micro_batch_size && *r.micro_batch_size < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", *r.micro_batch_size));
+  }
+  if (r.target_batch && *r.target_batch < 1) {
+    throw Error(fmt::format("--target-batch: must be at least 1, got {}", *r.target_batch));
+  }
+  if (r.base_batch && *r.base_batch < 1) {
+    throw Error(fmt::format("--base-batch: must be at least 1, got {}", *r.base_batch));
+  }
+  if (r.warmup_steps && *r.warmup_steps < 0) {
+    throw Error(fmt::format("--warmup: must be 0 or more steps, got {}", *r.warmup_steps));
+  }
+  if (r.base_lr && !(*r.base_lr > 0)) {
+    throw Error(fmt::format("--base-lr: must be positive, got {}", *r.base_lr));
+  }
+  if (r.workers && *r.workers < 0) {
+    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
+                            *r.workers));
+  }
+  if (r.prefetch && *r.prefetch < 0) {
+    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
+                            *r.prefetch));
+  }
+  if (r.world_size < 1) {
+    throw Error(fmt::format("world size: must be at least 1, got {}", r.world_size));
+  }
+}
+
+PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& memory,
+                               const PlanRequest& request) {
+  PlanWorkload w;
+  w.model = workload.options().model();
+  w.input = describe(workload.input_spec());
+  w.optimizer = workload.options().optimizer();
+  w.base_lr = request.base_lr.value_or(workload.options().lr());
+  w.base_batch = request.base_batch.value_or(0);
+  w.device = memory.device().str();
+  w.memory_limit_bytes = memory.usable_bytes();
+  return w;
+}
+
+Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
+                const std::string& micro_reason, const AmpChoice& amp, const Workload& workload,
+                const DeviceMemory& memory) {
+  validate(request);
+  const bool cuda = memory.device().is_cuda();
+  PlanOptions options;
+  options.micro_batch_size(micro_batch_size)
+      .world_size(request.world_size)
+      .optimizer(workload.options().optimizer())
+      .amp(amp.mode)
+      .amp_reason(amp.reason)
+      .pin_memory(cuda);
+  std::string pipeline_why;
+  if (!request.plan_file.empty()) {
+    // The file's values, each overridden by what the request sets.
+    const Plan file = read_plan_file(request.plan_file);
+    const std::string from = "the plan " + request.plan_file;
+    options.target_batch(request.target_batch.value_or(file.global_batch_size))
+        .target_batch_source(request.target_batch ? "--target-batch" : from + "'s global batch")
+        .base_lr(request.base_lr.value_or(file.lr))
+        .base_lr_source(request.base_lr ? "--base-lr" : from)
+        .base_batch(request.base_batch.value_or(file.global_batch_size))
+        .lr_scaling(lr_scaling_name(request.lr_scaling.value_or(file.lr_scaling)))
+        .lr_scaling_source(request.lr_scaling ? "--lr-scaling" : from)
+        .warmup_steps(request.warmup_steps.value_or(file.warmup_steps))
+        .warmup_source(request.warmup_steps ? "--warmup" : from)
+        .workers(file.workers)
+        .pin_memory(file.pin_memory)
+        .prefetch(file.prefetch);
+    pipeline_why = "from " + from;
+  } else {
+    options.target_batch(request.target_batch.value_or(0))
+        .base_lr(request.base_lr.value_or(workload.options().lr()))
+        .base_lr_source(request.base_lr ? "--base-lr" : "--lr")
+        .base_batch(request.base_batch.value_or(0))
+        .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
+        .warmup_steps(request.warmup_steps.value_or(-1));
+  }
+  if (request.workers) options.workers(*request.workers);
+  if (request.prefetch) options.prefetch(*request.prefetch);
+  if (request.pin_memory) options.pin_memory(*request.pin_memory);
+  // Pinned memory speeds host-to-device copies; the CPU copies nothing.
+  if (!cuda) options.pin_memory(false);
+  Plan plan = make_plan(options);
+  if (request.workers || request.prefetch || request.pin_memory) pipeline_why = "as asked";
+  set_pipeline_reason(plan, !cuda ? "pinned memory does not apply on the CPU (no copy to a device)"
+                                  : pipeline_why);
+  if (!micro_reason.empty()) {
+    plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  }
+  if (request.lr) {
+    plan.lr = *request.lr;
+    plan.set_reason(PlanField::kLr, fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr));
+  }
+  plan.workload = describe_workload(workload, memory, request);
+  if (plan.workload.base_batch == 0) plan.workload.base_batch = plan.micro_batch_size * plan.world_size;
+  return plan;
+}
+
+}  // namespace batchtune

@@ -1,0 +1,585 @@
+#include "batchtune/tuning/tune.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/data/dataset.h"
+#include "batchtune/distributed/data_parallel.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/monitor.h"
+#include "batchtune/monitoring/sampler.h"
+#include "batchtune/step/workload.h"
+
+namespace batchtune {
+namespace {
+
+// Search trials: one untimed step (it allocates the optimizer state, which
+// must be counted) and one timed step.
+constexpr int64_t kSearchWarmupSteps = 1;
+constexpr int64_t kSearchTimedSteps = 1;
+
+/// The measuring run's micro-batch at most: the noise scale does not depend
+/// on the batch sizes it is measured at, only its spread does, and a short
+/// run at a large micro-batch would take minutes on a CPU.
+constexpr int64_t kNoiseRunMaxMicroBatch = 64;
+/// ... and at least this, where it fits: at micro-batches of 1 or 2 a run of
+/// a few dozen steps often left the smoothed |G|² estimate negative
+/// (Fashion-MNIST, mlp, 20 steps of 2 x 4), so no noise scale at all.
+constexpr int64_t kNoiseRunMinMicroBatch = 8;
+
+/// Thrown inside the pipeline when the stop request says so; caught in
+/// `tune`, which keeps what was measured.
+struct Stopped {
+  std::string why;
+};
+
+/// The time budget, phase by phase: each phase gets its share of the whole
+/// plus what the phases before it left unused.
+class Budget {
+ public:
+  Budget(const Clock& clock, double total_s) : clock_(clock), total_s_(total_s) {
+    start_s_ = clock_.now_s();
+  }
+  /// Seconds phase `share` may spend from now.
+  double begin_phase(double share) {
+    phase_start_s_ = clock_.now_s();
+    granted_s_ += share * total_s_;
+    return std::max(0.0, start_s_ + granted_s_ - phase_start_s_);
+  }
+  bool phase_over() const { return clock_.now_s() >= start_s_ + granted_s_; }
+  double phase_seconds() const { return clock_.now_s() - phase_start_s_; }
+  double elapsed_s() const { return clock_.now_s() - start_s_; }
+
+ private:
+  const Clock& clock_;
+  double total_s_;
+  double start_s_ = 0;
+  double phase_start_s_ = 0;
+  double granted_s_ = 0;
+};
+
+/// Mean utilization and energy of `device` over a trial that ran from t0 to t1.
+void attach_readings(const Monitor& monitor, const std::string& device, double t0, double t1,
+                     TrialResult& trial) {
+  for (const auto& s : monitor.summarize(t0, t1)) {
+    if (s.device != device) continue;
+    trial.utilization = s.mean_utilization_percent;
+    double timed = 0;
+    for (double seconds : trial.step_seconds) timed += seconds;
+    trial.energy_joules = trial_energy_joules(s, timed, t1 - t0);
+  }
+}
+
+/// What an interrupted tune keeps: the trials it finished, the largest that
+/// fitted as the answer, and a sweep row per batch size timed so far.
+void keep_partial_results(TuneResult& result, const std::vector<TrialResult>& searched,
+                          const std::vector<TrialResult>& swept, SearchStrategy strategy,
+                          const std::string& why) {
+  result.complete = false;
+  result.interrupted_by = why;
+  if (result.search.trials.empty()) {  // stopped during the search
+    result.search.strategy = strategy;
+    result.search.trials = searched;
+    for (const auto& t : searched) {
+      if (t.fits) result.search.max_batch_size = std::max(result.search.max_batch_size, t.batch_size);
+      result.search.steps += t.steps_run;
+    }
+    result.search.stop_reason = "interrupted by " + why;
+  }
+  if (result.sweep.empty()) {
+    // The last timing of each size wins, as in a finished sweep.
+    std::map<int64_t, SweepRow> rows;
+    for (const auto& t : swept) {
+      if (t.fits) rows[t.batch_size] = sweep_row(t);
+    }
+    for (const auto& [batch, row] : rows) result.sweep.push_back(row);
+  }
+}
+
+void check_energy_readable(Objective objective, const std::string& sampler_reason) {
+  if (objective != Objective::kEnergy) return;
+  if (sampler_reason.find("energy") != std::string::npos &&
+      sampler_reason.find("power") != std::string::npos) {
+    throw Error(fmt::format("--objective energy: {}; use --objective throughput or goodput here",
+                            energy_unavailable_note(sampler_reason)));
+  }
+}
+
+/// The energy note, and for `energy` the selection by Zeus cost.
+void apply_energy(TuneResult& result, double eta, const std::string& sampler_reason) {
+  result.eta = eta;
+  const bool all = !result.sweep.empty() &&
+                   std::all_of(result.sweep.begin(), result.sweep.end(),
+                               [](const SweepRow& r) { return r.energy_j_per_sample.has_value(); });
+  result.energy_note = all ? std::string() : energy_unavailable_note(sampler_reason);
+  if (result.objective == Objective::kEnergy && !result.sweep.empty()) {
+    result.energy_costs = energy_costs(result.sweep, eta);
+    result.selection = select_energy(result.sweep, eta, sampler_reason);
+  }
+}
+
+/// For `goodput`: the noise scale measured on `data` near the throughput
+/// choice, the candidates and the choice; returns the global batch to plan.
+int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& workload,
+                      DeviceMemory& memory, const Dataset& data) {
+  int64_t largest = 0;
+  int64_t smallest = result.sweep.front().batch_size;
+  for (const auto& row : result.sweep) {
+    largest = std::max(largest, row.batch_size);
+    smallest = std::min(smallest, row.batch_size);
+  }
+  const int64_t micro =
+      std::min(std::max(result.selection.batch_size, std::min(kNoiseRunMinMicroBatch, largest)),
+               kNoiseRunMaxMicroBatch);
+  const double lr = options.plan().base_lr.value_or(workload.options().lr());
+  result.noise = measure_noise_scale(workload, memory, data, micro, lr, options.noise_steps(),
+                                     options.seed());
+  result.noise_data = data.describe();
+  result.goodput_base_batch = options.plan().base_batch.value_or(smallest);
+  const NoiseScaleMeasurement& noise = *result.noise;
+  // Unbounded noise makes every batch equally efficient: goodput is throughput.
+  const double noise_scale = noise.noise_scale.value_or(std::numeric_limits<double>::infinity());
+  result.goodput = goodput_candidates(result.sweep, noise_scale, result.goodput_base_batch,
+                                      data.size());
+  const GoodputChoice choice = select_goodput(result.goodput, noise_scale, result.goodput_base_batch);
+  result.goodput_choice = choice.chosen;
+  result.selection = {choice.chosen.micro_batch_size,
+                      noise.noise_scale
+                          ? choice.reason
+                          : "goodput: noise scale unbounded (" + noise.note +
+                                "), so every batch is equally efficient; " + choice.reason};
+  return choice.chosen.global_batch_size;
+}
+
+void check_tune_options(const TuneOptions& options) {
+  if (!(options.time_budget_s() > 0)) {
+    throw Error(fmt::format("--time-budget: must be positive seconds, got {}",
+                            options.time_budget_s()));
+  }
+  if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
+    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
+                            options.tolerance()));
+  }
+  if (!(options.eta() >= 0 && options.eta() <= 1)) {
+    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
+                            options.eta()));
+  }
+  if (options.noise_steps() < 1) {
+    throw Error(fmt::format("--noise-steps: must be at least 1, got {}", options.noise_steps()));
+  }
+  if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
+    throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
+                "--target-batch out, or use --objective throughput with it");
+  }
+  validate(options.plan());
+  if (options.monitor() != nullptr) {
+    check_energy_readable(options.objective(), options.monitor()->sampler().unavailable_reason());
+  }
+}
+
+/// The tune, once the runner exists: everything after the precision.
+class Pipeline {
+ public:
+  Pipeline(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter,
+           Workload* workload, std::string amp_reason)
+      : amp_reason_(std::move(amp_reason)),
+        runner_(runner),
+        options_(options),
+        reporter_(reporter != nullptr ? *reporter : silent_),
+        workload_(workload),
+        clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
+        budget_(clock_, options.time_budget_s()) {}
+
+  TuneResult run() {
+    check_tune_options(options_);
+    TuneResult& r = result_;
+    DeviceMemory& memory = runner_.memory();
+    r.workload = runner_.subject().describe();
+    r.device = memory.device().str();
+    r.amp = runner_.amp();
+    r.amp_reason = amp_reason_.empty() ? "amp " + amp_name(r.amp) + ": the subject's precision"
+                                       : amp_reason_;
+    r.objective = options_.objective();
+    r.capacity_bytes = memory.capacity_bytes();
+    r.usable_bytes = memory.usable_bytes();
+    r.margin = runner_.margin();
+    r.search_only = options_.search_only();
+    r.time_budget_s = options_.time_budget_s();
+    try {
+      search();
+      if (!r.search_only && r.search.max_batch_size > 0) {
+        sweep();
+        choose();
+        plan();
+      }
+    } catch (const Stopped& stopped) {
+      keep_partial_results(r, searched_, swept_, options_.search().strategy(), stopped.why);
+    }
+    finish_monitor();
+    reporter_.finished(r);
+    return std::move(r);
+  }
+
+ private:
+  void check_stop() {
+    if (!options_.stop()) return;
+    if (auto why = options_.stop()()) throw Stopped{*why};
+  }
+
+  TrialResult trial(TunePhase phase, const TrialOptions& trial_options) {
+    check_stop();
+    reporter_.trial_started(phase, trial_options.batch_size());
+    const double t0 = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
+    TrialResult result = runner_.run(trial_options);
+    if (options_.monitor() != nullptr) {
+      attach_readings(*options_.monitor(), result_.device, t0, options_.monitor()->now_s(), result);
+    }
+    return result;
+  }
+
+  void end_phase(TunePhase phase) {
+    result_.phase_seconds.emplace_back(phase, budget_.phase_seconds());
+    reporter_.phase_finished(phase, result_);
+  }
+
+  void search() {
+    SearchOptions search = options_.search();
+    const double seconds = budget_.begin_phase(kSearchBudgetShare);
+    search.time_budget_s(seconds);
+    // No micro-batch larger than the training data.
+    const Dataset* data = options_.data();
+    if (data != nullptr && !data->synthetic()) {
+      search.max_batch(std::min(search.max_batch(), data->size()));
+    }
+    reporter_.phase_started(TunePhase::kSearch,
+                            fmt::format("searching the largest batch that fits ({}, at most {:.0f} s)",
+                                        to_string(search.strategy()), seconds));
+    SearchResult found = search_max_batch(
+        [&](int64_t batch) {
+          return trial(TunePhase::kSearch, TrialOptions()
+                                               .batch_size(batch)
+                                               .steps(kSearchTimedSteps)
+                                               .warmup_steps(kSearchWarmupSteps));
+        },
+        search, clock_,
+        [&](const TrialResult& t, size_t index) {
+          searched_.push_back(t);
+          reporter_.trial_finished(TunePhase::kSearch, t, index);
+        });
+    if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
+      // The job's largest micro-batch is the smallest rank's: each rank
+      // searched alone (no collective inside a trial, so an out-of-memory
+      // never leaves a rank waiting), and the minimum counts every one.
+      own_max_batch_ = found.max_batch_size;
+      result_.rank_max_batch_size = own_max_batch_;
+      found.max_batch_size = options_.data_parallel()->min(found.max_batch_size);
+    }
+    result_.search = std::move(found);
+    end_phase(TunePhase::kSearch);
+    if (result_.search.max_batch_size < 1) {
+      const auto& trials = result_.search.trials;
+      const int64_t needed = trials.empty() ? 0 : trials.front().peak_bytes;
+      throw Error(fmt::format(
+          "--memory-limit: not even batch size 1 fits in {} usable bytes{}; give more memory, "
+          "a smaller --margin or a smaller model",
+          runner_.memory().usable_bytes(),
+          needed > runner_.memory().usable_bytes() ? fmt::format(" (it needed {} bytes)", needed)
+                                                   : std::string()));
+    }
+  }
+
+  void sweep() {
+    const double seconds = budget_.begin_phase(kSweepBudgetShare);
+    std::vector<int64_t> grid = sweep_grid(result_.search.max_batch_size);
+    // The largest size first: when the budget runs out, the sizes left out
+    // are small ones, which throughput rarely favours.
+    std::rotate(grid.rbegin(), grid.rbegin() + 1, grid.rend());
+    reporter_.phase_started(TunePhase::kSweep,
+                            fmt::format("timing {} batch sizes up to {} (at most {:.0f} s)",
+                                        grid.size(), result_.search.max_batch_size, seconds));
+    size_t index = 0;
+    bool out_of_time = false;
+    result_.sweep = run_sweep(
+        [&](const TrialOptions& o) {
+          if (budget_.phase_over() && index > 0) {
+            out_of_time = true;
+            return TrialResult();  // not fitted: the size is left out
+          }
+          TrialResult t = trial(TunePhase::kSweep, o);
+          swept_.push_back(t);
+          reporter_.trial_finished(TunePhase::kSweep, t, index++);
+          return t;
+        },
+        grid, result_.search.trials);
+    std::sort(result_.sweep.begin(), result_.sweep.end(),
+              [](const SweepRow& a, const SweepRow& b) { return a.batch_size < b.batch_size; });
+    if (out_of_time) {
+      result_.utilization_note = "";
+      sweep_note_ = fmt::format("the sweep's share of the time budget ({:.0f} s) ran out: {} of "
+                                "{} sizes timed",
+                                seconds, result_.sweep.size(), grid.size());
+    }
+    if (workload_ != nullptr) {
+      if (const auto flops = workload_->model().forward_flops_per_sample()) {
+        add_flops(result_.sweep, *flops);
+      }
+    }
+    end_phase(TunePhase::kSweep);
+  }
+
+  void choose() {
+    TuneResult& r = result_;
+    if (r.sweep.empty()) return;
+    const bool plain = r.objective == Objective::kThroughput || r.objective == Objective::kMaxFit;
+    r.selection = select_batch(r.sweep, plain ? r.objective : Objective::kThroughput,
+                               options_.tolerance());
+    if (!sweep_note_.empty()) r.selection.reason += "; " + sweep_note_;
+    const std::string sampler_reason =
+        options_.monitor() != nullptr ? options_.monitor()->sampler().unavailable_reason()
+                                      : "no monitor";
+    apply_energy(r, options_.eta(), sampler_reason);
+    r.diagnosis = diagnose(r.sweep, r.selection, options_.tolerance());
+    if (r.search.hit_max_batch && r.diagnosis.kind == "small-batch-bound") {
+      r.diagnosis.text = fmt::format(
+          "throughput still rises at the largest batch tried, {}, which is the --max-batch cap "
+          "(not the memory): raise --max-batch",
+          r.search.max_batch_size);
+    }
+    if (r.objective == Objective::kGoodput) {
+      const double seconds = budget_.begin_phase(kNoiseBudgetShare);
+      check_stop();
+      const Dataset* data = options_.data();
+      if (workload_ == nullptr) {
+        throw Error("--objective goodput: needs the workload's own training loop (a C++ Workload)");
+      }
+      if (data == nullptr) {
+        throw Error("--objective goodput: needs float inputs to train on; use --data");
+      }
+      reporter_.phase_started(TunePhase::kNoise,
+                              fmt::format("noise scale: training {} steps on {} (at most {:.0f} s)",
+                                          options_.noise_steps(), data->describe(), seconds));
+      goodput_global_batch_ = apply_goodput(r, options_, *workload_, runner_.memory(), *data);
+      end_phase(TunePhase::kNoise);
+      check_stop();
+    }
+  }
+
+  void plan() {
+    TuneResult& r = result_;
+    if (r.selection.batch_size < 1) return;
+    PlanRequest request = options_.plan();
+    request.micro_batch_size.reset();
+    request.plan_file.clear();
+    if (options_.data_parallel() != nullptr) request.world_size = options_.data_parallel()->world_size();
+    std::string micro_reason =
+        fmt::format("micro-batch {}: {}", r.selection.batch_size, r.selection.reason);
+    if (own_max_batch_ && *own_max_batch_ != r.search.max_batch_size) {
+      micro_reason += fmt::format("; the largest batch is {} on this rank, {} on the smallest",
+                                  *own_max_batch_, r.search.max_batch_size);
+    }
+    const AmpChoice amp{r.amp, r.amp_reason};
+    Plan plan;
+    if (workload_ != nullptr) {
+      PlanRequest planned = request;
+      if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
+      plan = build_plan(planned, r.selection.batch_size, micro_reason, amp, *workload_,
+                        runner_.memory());
+    } else {
+      PlanOptions o;
+      o.micro_batch_size(r.selection.batch_size)
+          .world_size(request.world_size)
+          .target_batch(goodput_global_batch_ > 0 ? goodput_global_batch_
+                                                  : request.target_batch.value_or(0))
+          .base_lr(request.base_lr.value_or(1e-3))
+          .base_batch(request.base_batch.value_or(0))
+          .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
+          .warmup_steps(request.warmup_steps.value_or(-1))
+          .amp(amp.mode)
+          .amp_reason(amp.reason)
+          .pin_memory(runner_.memory().device().is_cuda());
+      plan = make_plan(o);
+      plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+    }
+    if (goodput_global_batch_ > 0) {
+      plan.set_reason(PlanField::kGlobalBatch,
+                      plan.accumulation_steps == 1
+                          ? fmt::format("global batch {}: the goodput choice, the micro-batch itself",
+                                        plan.global_batch_size)
+                          : fmt::format("global batch {}: the goodput choice, {} accumulated "
+                                        "micro-batches of {}",
+                                        plan.global_batch_size, plan.accumulation_steps,
+                                        plan.micro_batch_size));
+    }
+    if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
+    r.plan = plan;
+    tune_loader_phase();
+    reporter_.phase_started(TunePhase::kPlan, "the plan");
+    end_phase(TunePhase::kPlan);
+  }
+
+  void tune_loader_phase() {
+    TuneResult& r = result_;
+    const double seconds = budget_.begin_phase(kLoaderBudgetShare);
+    const Dataset* data = options_.data();
+    if (data == nullptr || workload_ == nullptr) {
+      r.loader = {{}, {}, "loader tuning skipped: the data are synthetic"};
+      return;
+    }
+    if (seconds <= 0) {
+      r.loader = {{}, {}, "loader tuning skipped: the time budget was spent"};
+      return;
+    }
+    check_stop();
+    reporter_.phase_started(TunePhase::kLoader,
+                            fmt::format("input pipeline: timing worker counts on {} (at most {:.0f} s)",
+                                        data->describe(), seconds));
+    Plan& plan = *r.plan;
+    const auto row = std::find_if(r.sweep.begin(), r.sweep.end(), [&](const auto& s) {
+      return s.batch_size == plan.micro_batch_size;
+    });
+    r.loader = tune_loader(runner_, *data, std::min(plan.micro_batch_size, data->size()),
+                           row != r.sweep.end() ? row->step_ms / 1000 : 0, plan.prefetch,
+                           options_.seed(), std::max<int64_t>(1, options_.cores()));
+    end_phase(TunePhase::kLoader);
+    if (r.loader.choice && !options_.plan().workers) apply_loader_choice(plan, *r.loader.choice);
+    if (const auto wait = chosen_wait(r.loader); wait && *wait >= kInputBoundWait) {
+      r.diagnosis = {"input-bound", input_diagnosis(*wait, r.loader.choice->workers)};
+    }
+    check_stop();
+  }
+
+  void finish_monitor() {
+    Monitor* monitor = options_.monitor();
+    TuneResult& r = result_;
+    if (monitor == nullptr) {
+      r.utilization_note = "utilization not monitored";
+      return;
+    }
+    monitor->stop();
+    const double start = monitor_start_s_;
+    for (const auto& sample : monitor->samples()) {
+      if (sample.device == r.device) {
+        r.timeline.push_back({sample.time_s - start, sample.utilization_percent});
+      }
+    }
+    r.utilization_note = monitor->sampler().describe();
+    const std::string missing = monitor->sampler().unavailable_reason();
+    if (!missing.empty()) r.utilization_note += "; n/a: " + missing;
+    if (runner_.memory().device().is_cpu()) {
+      r.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+    }
+  }
+
+  std::string amp_reason_;
+  TrialRunner& runner_;
+  const TuneOptions& options_;
+  TuneReporter silent_;
+  TuneReporter& reporter_;
+  Workload* workload_;
+  const Clock& clock_;
+  Budget budget_;
+  double monitor_start_s_ = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
+  TuneResult result_;
+  std::vector<TrialResult> searched_;
+  std::vector<TrialResult> swept_;
+  std::optional<int64_t> own_max_batch_;
+  int64_t goodput_global_batch_ = 0;
+  std::string sweep_note_;
+};
+
+}  // namespace
+
+std::string to_string(TunePhase phase) {
+  switch (phase) {
+    case TunePhase::kPrecision: return "precision";
+    case TunePhase::kSearch: return "search";
+    case TunePhase::kSweep: return "sweep";
+    case TunePhase::kNoise: return "noise";
+    case TunePhase::kLoader: return "loader";
+    case TunePhase::kPlan: return "plan";
+  }
+  return "?";
+}
+
+TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter,
+                Workload* workload) {
+  return Pipeline(runner, options, reporter, workload, "").run();
+}
+
+TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter) {
+  check_tune_options(options);
+  // Precision first: every trial runs at the precision training will use.
+  if (reporter != nullptr && options.amp() == AmpMode::kAuto && memory.device().is_cpu()) {
+    reporter->phase_started(TunePhase::kPrecision, "amp auto: timing bf16 against fp32");
+  }
+  const AmpChoice amp = choose_amp(options.amp(), workload, memory, kAmpProbeMaxBatch);
+  TrialRunner runner(workload, memory, options.margin(), amp.mode);
+  return Pipeline(runner, options, reporter, &workload, amp.reason).run();
+}
+
+TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch) {
+  return TuneOptions()
+      .search(SearchOptions().max_batch(std::min(max_batch, kDefaultMaxBatch)))
+      .time_budget_s(kQuickTuneTimeBudgetSeconds)
+      .amp(request.amp.value_or(AmpMode::kAuto))
+      .plan(request);
+}
+
+Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& memory,
+                  int64_t max_batch, TuneReporter* reporter, DataParallel* data_parallel,
+                  StopRequest stop) {
+  validate(request);
+  const PlanWorkload current = describe_workload(workload, memory, request);
+  if (!request.plan_file.empty()) {
+    const Plan file = read_plan_file(request.plan_file);
+    const std::string source = "--plan " + request.plan_file;
+    check_plan_workload(file.workload, current, source);
+    AmpChoice amp{file.amp, fmt::format("amp {}: from the plan {}", amp_name(file.amp),
+                                        request.plan_file)};
+    if (request.amp) {
+      amp = choose_amp(*request.amp, workload, memory,
+                       std::min(request.micro_batch_size.value_or(file.micro_batch_size),
+                                kAmpProbeMaxBatch));
+      if (amp.mode != file.amp) {
+        amp.reason += fmt::format(" (--amp overrides the plan's {})", amp_name(file.amp));
+      }
+    }
+    const int64_t micro = request.micro_batch_size.value_or(file.micro_batch_size);
+    const std::string micro_reason =
+        request.micro_batch_size
+            ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
+                          request.plan_file, file.micro_batch_size)
+            : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
+    return build_plan(request, micro, micro_reason, amp, workload, memory);
+  }
+  if (request.micro_batch_size) {
+    const int64_t micro = *request.micro_batch_size;
+    const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
+                                     std::min(micro, kAmpProbeMaxBatch));
+    return build_plan(request, micro, fmt::format("micro-batch {}: as asked with --batch-size", micro),
+                      amp, workload, memory);
+  }
+  // Neither: a quick tune finds the micro-batch at the precision it trains with.
+  TuneOptions options = quick_tune_options(request, max_batch);
+  options.data_parallel(data_parallel).stop(std::move(stop));
+  TuneResult tuned = tune(workload, memory, options, reporter);
+  if (!tuned.complete) throw Interrupted();
+  if (!tuned.plan) {
+    throw Error(fmt::format("--batch-size: the quick tune found no micro-batch ({}); give one",
+                            tuned.search.stop_reason));
+  }
+  Plan plan = *tuned.plan;
+  plan.set_reason(PlanField::kMicroBatch,
+                  fmt::format("micro-batch {}: tuned — largest that fits {} ({}); {}",
+                              plan.micro_batch_size, tuned.search.max_batch_size,
+                              tuned.search.stop_reason, tuned.selection.reason));
+  return plan;
+}
+
+}  // namespace batchtune

@@ -1,0 +1,322 @@
+#include "batchtune/tuning/tune.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "batchtune/common/error.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/reports/tune_report.h"
+#include "batchtune/step/training_step.h"
+#include "batchtune/step/workload.h"
+#include "batchtune/training/trainer.h"
+#include "test_helpers.h"
+
+namespace batchtune {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+/// A subject whose step holds `bytes_per_sample` × batch of device memory:
+/// a made-up memory curve that fails with a real out-of-memory under the
+/// CPU budget, and takes no time.
+class FakeSubject final : public TrialSubject {
+ public:
+  explicit FakeSubject(int64_t bytes_per_sample) : bytes_per_sample_(bytes_per_sample) {}
+  std::string describe() const override { return "fake"; }
+  void save() override { ++saves; }
+  void prepare(int64_t batch_size) override { batch_size_ = batch_size; }
+  at::Tensor step() override {
+    ++steps;
+    // Held while the loss is made, as activations are (never touched: the
+    // budget counts the allocation, and the step takes no time).
+    const at::Tensor activations =
+        at::empty({batch_size_ * bytes_per_sample_}, at::TensorOptions().dtype(at::kByte));
+    (void)activations;
+    return at::ones({});
+  }
+  void restore() override { ++restores; }
+
+  int saves = 0;
+  int restores = 0;
+  int64_t steps = 0;
+
+ private:
+  int64_t bytes_per_sample_;
+  int64_t batch_size_ = 0;
+};
+
+/// Records what the pipeline reported, with the wall time of each trial.
+class Recorder final : public TuneReporter {
+ public:
+  void phase_started(TunePhase phase, const std::string&) override { phases.push_back(phase); }
+  void trial_started(TunePhase, int64_t) override { started_ = Clock::now(); }
+  void trial_finished(TunePhase, const TrialResult& trial, size_t) override {
+    trials.push_back(trial);
+    longest_trial_s = std::max(
+        longest_trial_s, std::chrono::duration<double>(Clock::now() - started_).count());
+  }
+  void finished(const TuneResult& result) override { complete = result.complete; }
+
+  std::vector<TunePhase> phases;
+  std::vector<TrialResult> trials;
+  double longest_trial_s = 0;
+  std::optional<bool> complete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point started_;
+};
+
+TEST(Tune, FindsTheLimitOfAFakeCurveAndPlansIt) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  FakeSubject subject(64 * 1024);  // 64 KiB a sample: ~900 fit in 57.6 MiB usable
+  TrialRunner runner(subject, *memory, 0.1);
+  PlanRequest request;
+  request.target_batch = 4096;
+  Recorder recorder;
+  const TuneResult r =
+      tune(runner, TuneOptions().time_budget_s(60).plan(request), &recorder);
+  ASSERT_TRUE(r.complete);
+  const int64_t limit = r.usable_bytes / (64 * 1024);
+  EXPECT_LE(r.search.max_batch_size, limit);
+  EXPECT_GE(r.search.max_batch_size, limit * 95 / 100) << r.search.stop_reason;
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_LE(r.plan->micro_batch_size, r.search.max_batch_size);
+  EXPECT_EQ(r.plan->global_batch_size % r.plan->micro_batch_size, 0);
+  EXPECT_EQ(r.plan->amp, AmpMode::kOff);
+  EXPECT_EQ(subject.saves, subject.restores) << "every trial put back";
+  EXPECT_EQ(recorder.complete, std::optional<bool>(true));
+  ASSERT_GE(recorder.phases.size(), 2U);
+  EXPECT_EQ(recorder.phases[0], TunePhase::kSearch);
+  EXPECT_EQ(recorder.phases[1], TunePhase::kSweep);
+  // The JSON is the CLI's, plan and loader included.
+  const nlohmann::json json = to_json(r);
+  EXPECT_EQ(json.at("complete"), true);
+  EXPECT_EQ(json.at("plan").at("micro_batch_size"), r.plan->micro_batch_size);
+  EXPECT_EQ(json.at("amp"), "off");
+  EXPECT_TRUE(json.contains("loader_note"));
+  EXPECT_EQ(json.at("trials").size(), r.search.trials.size());
+}
+
+TEST(Tune, AStopEndsTheRunIncompleteWithTheTrialsSoFar) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  FakeSubject subject(64 * 1024);
+  TrialRunner runner(subject, *memory, 0.1);
+  int asked = 0;
+  const TuneResult r = tune(runner, TuneOptions().stop([&]() -> std::optional<std::string> {
+    // Three trials run; the fourth is refused.
+    if (++asked > 3) return std::string("test stop");
+    return std::nullopt;
+  }));
+  EXPECT_FALSE(r.complete);
+  EXPECT_EQ(r.interrupted_by, "test stop");
+  EXPECT_EQ(r.search.trials.size(), 3U);
+  EXPECT_EQ(r.search.stop_reason, "interrupted by test stop");
+  EXPECT_FALSE(r.plan.has_value());
+  EXPECT_GT(r.search.max_batch_size, 0) << "the largest that fitted so far";
+  EXPECT_EQ(subject.saves, subject.restores);
+  const nlohmann::json json = to_json(r);
+  EXPECT_EQ(json.at("complete"), false);
+  EXPECT_EQ(json.at("interrupted_by"), "test stop");
+}
+
+TEST(Tune, AStopDuringTheSweepKeepsTheRowsTimed) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  FakeSubject subject(64 * 1024);
+  TrialRunner runner(subject, *memory, 0.1);
+  TunePhase phase = TunePhase::kSearch;
+  int sweep_trials = 0;
+  class PhaseWatch final : public TuneReporter {
+   public:
+    explicit PhaseWatch(TunePhase& phase) : phase_(phase) {}
+    void phase_started(TunePhase p, const std::string&) override { phase_ = p; }
+
+   private:
+    TunePhase& phase_;
+  } watch(phase);
+  const TuneResult r = tune(runner, TuneOptions().stop([&]() -> std::optional<std::string> {
+    if (phase == TunePhase::kSweep && ++sweep_trials > 2) return std::string("SIGINT");
+    return std::nullopt;
+  }), &watch);
+  EXPECT_FALSE(r.complete);
+  EXPECT_GT(r.search.max_batch_size, 0);
+  EXPECT_FALSE(r.sweep.empty()) << "the sweep rows timed before the stop";
+}
+
+TEST(Tune, NotEvenBatchOneFittingIsAnErrorSayingWhatWasNeeded) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 1 * kMiB);
+  FakeSubject subject(4 * kMiB);
+  TrialRunner runner(subject, *memory, 0.1);
+  const std::string message = testing::error_of([&] { tune(runner, TuneOptions()); });
+  EXPECT_NE(message.find("not even batch size 1 fits"), std::string::npos) << message;
+}
+
+TEST(Tune, BadOptionsNameTheOption) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  FakeSubject subject(1024);
+  TrialRunner runner(subject, *memory, 0.1);
+  EXPECT_NE(testing::error_of([&] { tune(runner, TuneOptions().time_budget_s(0)); })
+                .find("--time-budget"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { tune(runner, TuneOptions().tolerance(2)); }).find("--tolerance"),
+            std::string::npos);
+  PlanRequest bad;
+  bad.target_batch = 0;
+  EXPECT_NE(testing::error_of([&] { tune(runner, TuneOptions().plan(bad)); }).find("--target-batch"),
+            std::string::npos);
+}
+
+TEST(Tune, TheTimeBudgetBoundsTheWholeRun) {
+  // A model whose full tune (search to 8192, sweep, loader) takes far longer
+  // than the budget on a CPU.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 3072 * kMiB);
+  Workload workload(WorkloadOptions().model("convnet").input_shape({3, 32, 32}).seed(1));
+  const auto data = testing::toy_data({3, 32, 32}, 4096, 10, 3);
+  Recorder recorder;
+  constexpr double kBudgetS = 6;
+  const auto start = std::chrono::steady_clock::now();
+  const TuneResult r = tune(workload, *memory,
+                            TuneOptions().time_budget_s(kBudgetS).amp(AmpMode::kOff).data(data.get()),
+                            &recorder);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(r.complete);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_LE(elapsed, kBudgetS + recorder.longest_trial_s + 1.0)
+      << "longest trial " << recorder.longest_trial_s << " s";
+  double phases = 0;
+  for (const auto& [phase, seconds] : r.phase_seconds) phases += seconds;
+  EXPECT_LE(phases, elapsed + 1e-6);
+}
+
+TEST(Tune, EveryTrialRunsAtThePrecisionTheTuneResolved) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 512 * kMiB);
+  Workload workload(WorkloadOptions().model("convnet").input_shape({3, 32, 32}).seed(1));
+  const TuneResult r = tune(workload, *memory,
+                            TuneOptions().time_budget_s(20).amp(AmpMode::kBf16).search(
+                                SearchOptions().max_batch(64)));
+  EXPECT_EQ(r.amp, AmpMode::kBf16);
+  for (const auto& t : r.search.trials) EXPECT_EQ(t.amp, AmpMode::kBf16) << t.batch_size;
+  for (const auto& row : r.sweep) EXPECT_EQ(row.amp, AmpMode::kBf16) << row.batch_size;
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_EQ(r.plan->amp, AmpMode::kBf16) << "the plan trains at what was measured";
+}
+
+TEST(Tune, Bf16FitsALargerBatchThanFp32UnderTheSameLimit) {
+  const auto max_fit = [](AmpMode amp) {
+    auto memory = make_device_memory(c10::Device(c10::kCPU), 160 * kMiB);
+    Workload workload(WorkloadOptions().model("convnet").input_shape({3, 64, 64}).seed(1));
+    return tune(workload, *memory, TuneOptions().amp(amp).search_only(true).time_budget_s(120))
+        .search.max_batch_size;
+  };
+  const int64_t fp32 = max_fit(AmpMode::kOff);
+  const int64_t bf16 = max_fit(AmpMode::kBf16);
+  EXPECT_GT(fp32, 0);
+  EXPECT_GT(bf16, fp32 * 11 / 10) << "fp32 " << fp32 << ", bf16 " << bf16;
+}
+
+TEST(Tune, AResolvedPlanFromAFileRefusesAnotherWorkload) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 256 * kMiB);
+  Workload mlp(WorkloadOptions().model("mlp").input_shape({1, 8, 8}).optimizer("sgd"));
+  PlanRequest request;
+  request.micro_batch_size = 16;
+  request.amp = AmpMode::kOff;
+  const Plan plan = resolve_plan(request, mlp, *memory);
+  EXPECT_EQ(plan.workload.model, "mlp");
+  EXPECT_EQ(plan.workload.optimizer, "sgd");
+  const std::string path = ::testing::TempDir() + "tune_test_plan.json";
+  {
+    std::ofstream out(path);
+    out << to_json(plan).dump();
+  }
+  PlanRequest from_file;
+  from_file.plan_file = path;
+  Workload lenet(WorkloadOptions().model("lenet").input_shape({1, 8, 8}).optimizer("sgd"));
+  const std::string model = testing::error_of([&] { resolve_plan(from_file, lenet, *memory); });
+  EXPECT_NE(model.find("model mlp"), std::string::npos) << model;
+  Workload adam(WorkloadOptions().model("mlp").input_shape({1, 8, 8}).optimizer("adam"));
+  const std::string optimizer = testing::error_of([&] { resolve_plan(from_file, adam, *memory); });
+  EXPECT_NE(optimizer.find("optimizer sgd"), std::string::npos) << optimizer;
+  Workload wider(WorkloadOptions().model("mlp").input_shape({1, 9, 9}).optimizer("sgd"));
+  const std::string input = testing::error_of([&] { resolve_plan(from_file, wider, *memory); });
+  EXPECT_NE(input.find("input"), std::string::npos) << input;
+  // The same workload takes it, every reason saying where its value came from.
+  const Plan again = resolve_plan(from_file, mlp, *memory);
+  EXPECT_EQ(again.micro_batch_size, 16);
+  EXPECT_NE(again.reason(PlanField::kMicroBatch).find("from the plan"), std::string::npos);
+  EXPECT_NE(again.reason(PlanField::kWarmup).find("from the plan"), std::string::npos)
+      << again.reason(PlanField::kWarmup);
+  EXPECT_NE(again.reason(PlanField::kAmp).find("from the plan"), std::string::npos);
+}
+
+TEST(TrainingStep, TheTrialRunnerAndTheTrainerRunTheSameStep) {
+  // One logical batch of all 32 samples a step: the trainer's shuffled
+  // order changes only the summation order.
+  const auto data = testing::toy_data({16}, 32, 4, 5);
+  const auto batch = data->get_batch([] {
+    std::vector<int64_t> all(32);
+    for (int64_t i = 0; i < 32; ++i) all[static_cast<size_t>(i)] = i;
+    return all;
+  }());
+  const auto make = [] {
+    return Workload(WorkloadOptions().model("mlp").input_shape({16}).classes(4).optimizer("sgd").lr(0.1).seed(2));
+  };
+  constexpr int64_t kSteps = 5;
+  const c10::Device cpu(c10::kCPU);
+
+  Workload direct = make();
+  TrainingStep step(direct, cpu);
+  double direct_loss = 0;
+  for (int64_t i = 0; i < kSteps; ++i) direct_loss = step.run(batch).item<double>();
+
+  Workload trained = make();
+  auto memory = make_device_memory(cpu, 256 * kMiB);
+  Trainer trainer(trained, *memory,
+                  make_plan(PlanOptions().micro_batch_size(32).optimizer("sgd").base_lr(0.1).warmup_steps(0)),
+                  *data, nullptr, TrainOptions().steps(kSteps).measure_noise_scale(false));
+  trainer.run();
+  const auto a = direct.model().parameters();
+  const auto b = trained.model().parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-6)) << "parameter " << i;
+  }
+
+  // The trial's last step is the direct run's last: the same step, kSteps times.
+  Workload tried = make();
+  TrialRunner runner(tried, *memory, 0.1);
+  const TrialResult r = runner.run(TrialOptions().batch_size(32).warmup_steps(0).steps(kSteps)
+                                       .batch_source([&](int64_t) { return batch; }));
+  ASSERT_TRUE(r.fits) << r.error;
+  EXPECT_NEAR(r.loss, direct_loss, 1e-6);
+}
+
+TEST(TrialRunner, Bf16MeasuresASmallerPeakThanFp32ForAConvnet) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 1024 * kMiB);
+  Workload workload(WorkloadOptions().model("convnet").input_shape({3, 64, 64}).seed(1));
+  TrialRunner fp32(workload, *memory, 0.1, AmpMode::kOff);
+  TrialRunner bf16(workload, *memory, 0.1, AmpMode::kBf16);
+  const TrialResult a = fp32.run(TrialOptions().batch_size(32).steps(1));
+  const TrialResult b = bf16.run(TrialOptions().batch_size(32).steps(1));
+  ASSERT_TRUE(a.fits && b.fits);
+  EXPECT_EQ(b.amp, AmpMode::kBf16);
+  EXPECT_LT(b.peak_bytes, a.peak_bytes * 9 / 10) << a.peak_bytes << " vs " << b.peak_bytes;
+}
+
+TEST(SyntheticDataset, BatchesComeFromAPoolAndAreTheSameForTheSameIndex) {
+  SyntheticDataset data({3, 8, 8}, 10, 1000, 4);
+  const Batch a = data.get_batch({3, 900});
+  const Batch b = data.get_batch({900});
+  EXPECT_TRUE(at::equal(a.inputs[0][1], b.inputs[0][0]));
+  EXPECT_EQ(a.target[1].item<int64_t>(), b.target[0].item<int64_t>());
+  EXPECT_FALSE(at::equal(a.inputs[0][0], a.inputs[0][1]));
+  EXPECT_GE(a.target.min().item<int64_t>(), 0);
+  EXPECT_LT(a.target.max().item<int64_t>(), 10);
+}
+
+}  // namespace
+}  // namespace batchtune
