@@ -42,9 +42,7 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
       ->capture_default_str();
 }
 
-Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
-                  DeviceMemory& memory, int64_t max_batch, int64_t tuned_batch,
-                  std::string tuned_reason) {
+void check_plan_flags(const PlanFlags& flags, const CLI::App& app) {
   const auto given = [&](const char* name) { return app.count(name) > 0; };
   if (given("--batch-size") && flags.batch_size < 1) {
     throw Error(fmt::format("--batch-size: must be at least 1, got {}", flags.batch_size));
@@ -62,17 +60,38 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
     throw Error(fmt::format("--base-lr: must be positive, got {}", flags.base_lr));
   }
   if (given("--lr-scaling")) parse_lr_scaling(flags.lr_scaling);
-  if (flags.workers < 0) {
-    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
-                            flags.workers));
+  if (flags.workers < 0 || flags.workers > kMaxWorkers) {
+    throw Error(fmt::format("--workers: must be 0 (load on the training thread) to {}, got {}",
+                            kMaxWorkers, flags.workers));
   }
-  if (flags.prefetch < 0) {
-    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
-                            flags.prefetch));
+  if (flags.prefetch < 0 || flags.prefetch > kMaxPrefetch) {
+    throw Error(fmt::format("--prefetch: must be 0 to {} batches per worker, got {}",
+                            kMaxPrefetch, flags.prefetch));
+  }
+  for (const char* name : {"--batch-size", "--target-batch", "--base-batch", "--warmup"}) {
+    const int64_t value = std::string(name) == "--batch-size"     ? flags.batch_size
+                          : std::string(name) == "--target-batch" ? flags.target_batch
+                          : std::string(name) == "--base-batch"   ? flags.base_batch
+                                                                  : flags.warmup;
+    if (given(name) && value > kMaxPlanCount) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", name, kMaxPlanCount, value));
+    }
+  }
+  if (given("--base-lr") && !(flags.base_lr <= kMaxLearningRate)) {
+    throw Error(fmt::format("--base-lr: must be at most {:g}, got {:g}", kMaxLearningRate,
+                            flags.base_lr));
   }
   if (flags.pin_memory != "auto" && flags.pin_memory != "on" && flags.pin_memory != "off") {
     throw Error(fmt::format("--pin-memory: use auto, on or off, not '{}'", flags.pin_memory));
   }
+  parse_amp(flags.amp);
+}
+
+Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workload,
+                  DeviceMemory& memory, int64_t max_batch, int64_t tuned_batch,
+                  std::string tuned_reason) {
+  check_plan_flags(flags, app);
+  const auto given = [&](const char* name) { return app.count(name) > 0; };
   const AmpMode amp_asked = parse_amp(flags.amp);
 
   PlanOptions options;
@@ -141,6 +160,7 @@ Plan resolve_plan(const PlanFlags& flags, const CLI::App& app, Workload& workloa
   if (!tuned_reason.empty()) plan.reasons.insert(plan.reasons.begin(), tuned_reason);
   if (given("--lr")) {
     plan.lr = workload.options().lr();
+    plan.lr_scaling = LrScaling::kNone;  // as asked, not scaled
     for (auto& reason : plan.reasons) {
       if (reason.rfind("lr ", 0) == 0) {
         reason = fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr);

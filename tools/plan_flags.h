@@ -42,6 +42,10 @@ constexpr int64_t kAmpProbeMaxBatch = 32;
 
 void add_plan_flags(CLI::App& app, PlanFlags& flags);
 
+/// Checks every plan flag's range (before any work: `resolve_plan` runs
+/// after a tune's search). Throws `batchtune::Error` naming the flag.
+void check_plan_flags(const PlanFlags& flags, const CLI::App& app);
+
 /// The plan the flags ask for. `app` tells which flags were given (they
 /// override a plan file's values; `--lr` given sets the lr exactly). The
 /// micro-batch is `tuned_batch` when positive (from `tune`, with its reason),

@@ -12,6 +12,7 @@
 #include "batchtune/monitoring/energy.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/size.h"
 #include "batchtune/reports/json_reporter.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/tuning/search.h"
@@ -73,6 +74,22 @@ void keep_partial_results(TuneReport& report, const std::vector<TrialResult>& me
   }
 }
 
+/// Bad input, not a result: the workload does not fit at all. Says how much
+/// the smallest batch tried needed.
+std::string no_fit_message(const SearchResult& search, const DeviceMemory& memory,
+                           double margin) {
+  const auto smallest = std::min_element(
+      search.trials.begin(), search.trials.end(),
+      [](const TrialResult& a, const TrialResult& b) { return a.batch_size < b.batch_size; });
+  std::string needed = fmt::format("its peak reached {}", format_bytes(smallest->peak_bytes));
+  if (!smallest->error.empty()) needed += ": " + first_line(smallest->error);
+  return fmt::format(
+      "--memory-limit: not even batch {} fits in the {} usable ({} capacity less the {:.0f} % "
+      "margin); {}; give a larger --memory-limit, a smaller --margin or a smaller model",
+      smallest->batch_size, format_bytes(memory.usable_bytes()),
+      format_bytes(memory.capacity_bytes()), 100 * margin, needed);
+}
+
 // Search trials: one untimed step (it allocates the optimizer state, which
 // must be counted) and one timed step.
 constexpr int64_t kSearchWarmupSteps = 1;
@@ -97,6 +114,13 @@ struct TuneFlags {
 };
 
 int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
+  if (flags.max_batch > kMaxPlanCount) {
+    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
+                            flags.max_batch));
+  }
+  if (!(flags.margin >= 0 && flags.margin < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", flags.margin));
+  }
   const SearchOptions options = SearchOptions()
                                     .strategy(parse_search_strategy(flags.strategy))
                                     .max_batch(flags.max_batch)
@@ -117,6 +141,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
   check_objective_flags(flags.objectives, objective, cmd);
+  check_plan_flags(flags.plan, cmd);
+  // Where the results go is checked before the work, not after it.
+  check_output_file(flags.json, "--json");
+  check_output_file(flags.report, "--report");
   // Ctrl-C or SIGTERM stops after the current trial; what was measured is
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;
@@ -154,6 +182,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   std::vector<TrialResult> measured;
   std::vector<TrialResult> swept;
   LoaderTuning loader;
+  std::string utilization_details;
   // A progress line on a terminal only, overwritten in place.
   const bool progress = job.primary() && isatty(fileno(stderr)) != 0;
   try {
@@ -180,6 +209,9 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       search.max_batch_size = data_parallel.min(own);
       fmt::print(out, "rank 0 of {}: largest batch {} here, {} for the job (the smallest rank's)\n",
                  env.world_size, own, search.max_batch_size);
+    }
+    if (search.max_batch_size < 1 && !search.trials.empty()) {
+      throw Error(no_fit_message(search, *resolved.memory, flags.margin));
     }
     print_search(out, search);
     out << std::flush;  // progress for whoever reads a pipe (tee, a test)
@@ -211,6 +243,16 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
                                         flags.tolerance);
         apply_energy(report, flags.objectives, monitor.sampler().unavailable_reason());
         report.diagnosis = diagnose(report.sweep, report.selection, flags.tolerance);
+        // A batch that --max-batch capped says nothing of memory or precision.
+        const bool bounded = report.diagnosis.kind == "small-batch-bound" ||
+                             report.diagnosis.kind == "memory-bound";
+        if (report.search.hit_max_batch && bounded) {
+          report.diagnosis = {
+              "max-batch-bound",
+              fmt::format("max-batch-bound: the search stopped at {}, the --max-batch cap, "
+                          "before memory ran out; raise --max-batch to try larger batches",
+                          flags.max_batch)};
+        }
       }
       monitor.stop();
       for (const auto& sample : monitor.samples()) {
@@ -218,11 +260,21 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
           report.timeline.push_back({sample.time_s - run_start, sample.utilization_percent});
         }
       }
-      report.utilization_note = monitor.sampler().describe();
+      // One short line on the console; the reasons (~400 characters of
+      // NVML and RAPL errors) go to the JSON's utilization_details.
+      utilization_details = monitor.sampler().describe();
+      report.utilization_note = utilization_details;
       const std::string missing = monitor.sampler().unavailable_reason();
-      if (!missing.empty()) report.utilization_note += "; n/a: " + missing;
+      if (!missing.empty()) {
+        utilization_details += "; n/a: " + missing;
+        report.utilization_note += "; n/a: " + missing.substr(0, missing.find(": "));
+      }
       if (resolved.memory->device().is_cpu()) {
-        report.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+        utilization_details += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+        report.utilization_note += "; no GPU";
+      }
+      if (report.utilization_note != utilization_details) {
+        report.utilization_note += " (why: utilization_details in --json)";
       }
       print_sweep(out, report);
     }
@@ -254,7 +306,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       fmt::print(out, "\n{}", loader_table(loader));
       if (loader.choice && cmd.count("--workers") == 0) apply_loader_choice(*plan, *loader.choice);
       if (const auto wait = chosen_wait(loader); wait && *wait >= kLoaderMaxWait) {
-        report.diagnosis = {"input-bound", input_diagnosis(*wait, loader.choice->workers)};
+        report.diagnosis = {"input-bound", input_diagnosis(*wait, loader.choice->workers, kLoaderMaxWait,
+                                                         /*loader_tuned=*/true)};
         fmt::print(out, "diagnosis: {}\n", report.diagnosis.text);
       }
       fmt::print(out, "\n");
@@ -279,6 +332,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
     json["loader"] = to_json(loader.rows);
     json["loader_note"] = loader.note;
   }
+  json["utilization_details"] =
+      utilization_details.empty() ? nlohmann::json() : nlohmann::json(utilization_details);
   json["complete"] = report.complete;
   if (!report.complete) json["interrupted_by"] = interrupt_name();
   if (!flags.json.empty()) write_json_output(flags.json, json);
@@ -319,6 +374,9 @@ CommandRun add_tune_command(CLI::App& app) {
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   // The plan's flags; tune itself finds the micro-batch (see run_tune).
   add_plan_flags(*cmd, flags->plan);
+  // Declared so that run_tune can say what to use instead, not listed in
+  // --help: tune finds the micro-batch itself.
+  for (const char* name : {"--batch-size", "--plan"}) cmd->get_option(name)->group("");
   add_objective_flags(*cmd, flags->objectives);
   add_distributed_flags(*cmd, flags->distributed);
   return [flags, cmd] { return run_tune(*flags, *cmd); };

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "common/json_depth.h"
 #include "batchtune/common/shape.h"
 
 namespace batchtune {
@@ -41,6 +42,14 @@ template <typename T>
 T field(const json& object, const char* key, const std::string& where, const char* expected) {
   const json& value = object.at(key);
   try {
+    if constexpr (std::is_same_v<T, int64_t>) {
+      // get<int64_t>() would truncate 10.5 to 10 and wrap 2^64-1 to -1.
+      if (!value.is_number_integer() ||
+          (value.is_number_unsigned() &&
+           value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+        throw json::type_error::create(302, "not an int64", &value);
+      }
+    }
     return value.get<T>();
   } catch (const json::exception&) {
     // `where` is "FILE: inputs[0]" for a nested field, "FILE" for a top-level one.
@@ -200,10 +209,16 @@ void validate(InputSpec& spec, const std::string& what) {
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     auto& input = spec.inputs[i];
     if (input.name.empty()) input.name = input_name(i);
+    int64_t elements = 1;
     for (int64_t dim : input.shape) {
       if (dim < 1) {
         throw Error(fmt::format("{}: input '{}' has shape {}; dimensions must be at least 1",
                                 what, input.name, fmt::join(input.shape, "x")));
+      }
+      if (__builtin_mul_overflow(elements, dim, &elements) || elements > kMaxElementsPerSample) {
+        throw Error(fmt::format("{}: input '{}' has shape {}, more than {} elements per sample",
+                                what, input.name, fmt::join(input.shape, "x"),
+                                kMaxElementsPerSample));
       }
     }
     const bool known = input.dtype == c10::kFloat || input.dtype == c10::kHalf ||
@@ -229,7 +244,8 @@ void validate(InputSpec& spec, const std::string& what) {
     case TargetKind::kClass:
     case TargetKind::kToken:
       if (target.classes < 2 || target.classes > kMaxClasses) {
-        throw Error(fmt::format("--classes: need at least 2 classes, got {}", target.classes));
+        throw Error(fmt::format("--classes: need from 2 to {} classes, got {}", kMaxClasses,
+                                target.classes));
       }
       if (spec.loss == LossKind::kMse) {
         throw Error(fmt::format("--loss: mse needs float targets (--target float:SHAPE), not "
@@ -327,6 +343,7 @@ InputSpec parse_input_flags(const InputFlags& flags) {
 }
 
 InputSpec parse_input_spec_json(const std::string& text, const std::string& what) {
+  check_json_depth(text, what);
   json root;
   try {
     root = json::parse(text);
