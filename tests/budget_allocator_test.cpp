@@ -131,7 +131,7 @@ namespace {
 TEST_F(BudgetAllocatorTest, FreedBlocksAreCachedInListsThroughTheBlocks) {
   budget_.set_caching(true);
   budget_.release_cached();
-  constexpr size_t kBytes = 3 * 4096 + 100;  // one size class, odd on purpose
+  constexpr size_t kBytes = 25 * 512;  // one size class, its capacity exactly
   std::vector<c10::DataPtr> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(budget_.allocate(kBytes));
   std::vector<void*> addresses;

@@ -73,6 +73,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size 4 --classes 9223372036854775807", "--classes"},
         BadInput{"probe --batch-size 4 --model gpt --layers 9223372036854775807", "--layers"},
         BadInput{"probe --batch-size 4 --input 99999999999999x2", "--input"},
+        BadInput{"probe --batch-size 2 --model gpt --vocab 9223372036854775807", "--vocab"},
+        BadInput{"monitor --interval 9223372036854775807", "--interval"},
         // Resources: a model larger than the limit fails as it is built.
         BadInput{"probe --batch-size 2 --model gpt --layers 20000 --memory-limit 256MiB",
                  "--memory-limit"},

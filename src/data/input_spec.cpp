@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "batchtune/common/error.h"
 #include "common/json_depth.h"
@@ -41,21 +42,23 @@ std::string input_name(size_t index) {
 template <typename T>
 T field(const json& object, const char* key, const std::string& where, const char* expected) {
   const json& value = object.at(key);
-  try {
-    if constexpr (std::is_same_v<T, int64_t>) {
-      // get<int64_t>() would truncate 10.5 to 10 and wrap 2^64-1 to -1.
-      if (!value.is_number_integer() ||
-          (value.is_number_unsigned() &&
-           value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
-        throw json::type_error::create(302, "not an int64", &value);
-      }
-    }
-    return value.get<T>();
-  } catch (const json::exception&) {
+  const auto wrong_type = [&] {
     // `where` is "FILE: inputs[0]" for a nested field, "FILE" for a top-level one.
     const char* join = where.find(": ") == std::string::npos ? ": " : ".";
-    throw Error(fmt::format("{}{}{}: expected {}, got {}", where, join, key, expected,
-                            value.dump()));
+    return Error(fmt::format("{}{}{}: expected {}, got {}", where, join, key, expected,
+                             value.dump()));
+  };
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // get<int64_t>() would truncate 10.5 to 10 and wrap 2^64-1 to -1.
+    if (!value.is_number_integer() ||
+        (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      throw wrong_type();
+    }
+  }
+  try {
+    return value.get<T>();
+  } catch (const json::exception&) {
+    throw wrong_type();
   }
 }
 
@@ -194,6 +197,9 @@ InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
   }
   input.shape = parse_shape(shape, what);
   if (input.dtype == c10::kLong) {
+    if (vocab > kMaxClasses) {
+      throw Error(fmt::format("--vocab: must be at most {}, got {}", kMaxClasses, vocab));
+    }
     if (vocab < 1) {
       throw Error(fmt::format("--vocab: token ids ({} {}) need a vocabulary size, like --vocab "
                               "32000",
@@ -372,8 +378,9 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
     }
     if (object.contains("vocab")) {
       input.vocab = field<int64_t>(object, "vocab", where, "an integer");
-      if (input.vocab < 1) {
-        throw Error(fmt::format("{}.vocab: must be at least 1, got {}", where, input.vocab));
+      if (input.vocab < 1 || input.vocab > kMaxClasses) {
+        throw Error(fmt::format("{}.vocab: must be from 1 to {}, got {}", where, kMaxClasses,
+                                input.vocab));
       }
     }
     if (input.dtype == c10::kLong && input.vocab == 0) {
