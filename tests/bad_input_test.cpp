@@ -57,6 +57,34 @@ class BadInputFiles : public ::testing::TestWithParam<std::pair<const char*, con
                                            "\"global_batch_size\": 9") + "}");
     write("plan_bad_amp.json", "{" + std::string(kPlan).replace(kPlan.find("\"off\""), 5,
                                                                 "\"fp8\"") + "}");
+    // Nested 100,000 deep: the parser, dump() and the destructor recurse.
+    write("plan_deep.json", std::string(100000, '[') + std::string(100000, ']'));
+    write("spec_deep.json", R"({"inputs": )" + std::string(100000, '[') +
+                                std::string(100000, ']') + "}");
+    const auto plan_with = [&](const std::string& field, const std::string& value) {
+      std::string plan = kPlan;
+      const size_t at = plan.find("\"" + field + "\": ");
+      const size_t from = plan.find(": ", at) + 2;
+      return "{" + plan.replace(from, plan.find_first_of(",}", from) - from, value) + "}";
+    };
+    write("plan_workers.json", plan_with("workers", "100000"));
+    write("plan_prefetch.json", plan_with("prefetch", "1000000"));
+    write("plan_unsigned.json", plan_with("micro_batch_size", "18446744073709551615"));
+    write("plan_lr_huge.json", plan_with("lr", "1e39"));
+    // micro x accumulation overflows: each is in range, the product is not.
+    write("plan_overflow.json",
+          R"({"micro_batch_size": 1099511627776, "accumulation_steps": 1099511627776,
+              "world_size": 1, "global_batch_size": 8, "lr": 0.001, "lr_scaling": "none",
+              "warmup_steps": 0, "amp": "off", "workers": 0, "pin_memory": false,
+              "prefetch": 2})");
+    write("spec_classes_fraction.json",
+          R"({"inputs": [{"shape": [3, 8, 8]}], "target": {"kind": "class", "classes": 10.5}})");
+    write("spec_classes_unsigned.json",
+          R"({"inputs": [{"shape": [3, 8, 8]}], "target": {"kind": "class", )"
+          R"("classes": 18446744073709551615}})");
+    write("spec_huge_shape.json",
+          R"({"inputs": [{"shape": [65536, 65536, 65536]}], "target": {"kind": "class", )"
+          R"("classes": 10}})");
     write("spec_not_json.json", "inputs: [3, 8, 8]");
     write("spec_bad_dtype.json", R"({"inputs": [{"shape": [3, 8, 8], "dtype": "float8"}]})");
     write("spec_unknown_key.json", R"({"inputs": [{"shape": [3, 8, 8]}], "batch": 4})");
@@ -97,6 +125,20 @@ INSTANTIATE_TEST_SUITE_P(
         std::pair{"plan --plan {dir}/plan_inconsistent.json", "global_batch_size"},
         std::pair{"plan --plan {dir}/plan_bad_amp.json", "amp"},
         std::pair{"plan --plan {dir}/nonexistent.json", "nonexistent.json"},
+        std::pair{"plan --plan {dir}/plan_deep.json", "plan_deep.json"},
+        std::pair{"plan --plan {dir}/plan_workers.json", "workers"},
+        std::pair{"plan --plan {dir}/plan_prefetch.json", "prefetch"},
+        std::pair{"plan --plan {dir}/plan_unsigned.json", "micro_batch_size"},
+        std::pair{"plan --plan {dir}/plan_lr_huge.json", "lr"},
+        std::pair{"plan --plan {dir}/plan_overflow.json", "global_batch_size"},
+        std::pair{"train --plan {dir}/plan_workers.json --device cpu --steps 1 --model mlp",
+                  "workers"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_deep.json", "spec_deep.json"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_classes_fraction.json",
+                  "classes"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_classes_unsigned.json",
+                  "classes"},
+        std::pair{"probe --batch-size 2 --input-spec {dir}/spec_huge_shape.json", "shape"},
         std::pair{"probe --batch-size 2 --input-spec {dir}/spec_not_json.json",
                   "spec_not_json.json"},
         std::pair{"probe --batch-size 2 --input-spec {dir}/spec_bad_dtype.json", "dtype"},

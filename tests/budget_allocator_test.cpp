@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace {
 
 using batchtune::BudgetAllocator;
@@ -115,6 +118,42 @@ TEST_F(BudgetAllocatorTest, ReturnsAlignedPointersEqualToTheirContext) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(raw) % 64, 0u);
     budget_.raw_deallocate(raw);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// release() runs in tensors' destructors and must not allocate (a bad_alloc
+// there ends the process): freed blocks are kept in lists threaded through
+// the blocks themselves. Several blocks of one size go in and come out
+// again, in last-in first-out order, after release_cached() too.
+TEST_F(BudgetAllocatorTest, FreedBlocksAreCachedInListsThroughTheBlocks) {
+  budget_.set_caching(true);
+  budget_.release_cached();
+  constexpr size_t kBytes = 25 * 512;  // one size class, its capacity exactly
+  std::vector<c10::DataPtr> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(budget_.allocate(kBytes));
+  std::vector<void*> addresses;
+  for (const auto& b : blocks) addresses.push_back(b.get());
+  const int64_t cached_before = budget_.cached_bytes();
+  blocks.clear();  // freed: last-freed on top of the list
+  EXPECT_GT(budget_.cached_bytes(), cached_before);
+  std::vector<c10::DataPtr> again;
+  for (int i = 0; i < 4; ++i) again.push_back(budget_.allocate(kBytes));
+  std::vector<void*> reused;
+  for (const auto& b : again) reused.push_back(b.get());
+  std::sort(addresses.begin(), addresses.end());
+  std::sort(reused.begin(), reused.end());
+  EXPECT_EQ(reused, addresses) << "the cache handed back the freed blocks";
+  EXPECT_EQ(budget_.cached_bytes(), cached_before);
+  again.clear();
+  budget_.release_cached();
+  EXPECT_EQ(budget_.cached_bytes(), 0);
+  // The emptied lists still take blocks.
+  { auto block = budget_.allocate(kBytes); }
+  EXPECT_GT(budget_.cached_bytes(), 0);
+  budget_.release_cached();
 }
 
 }  // namespace

@@ -61,7 +61,57 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size 2 --model gpt --classes 10", "--classes"},
         BadInput{"probe --batch-size 2 --model mlp --input int64:8 --vocab 10", "--input"},
         BadInput{"probe --batch-size 2 --model /nonexistent/model.pt", "--model"},
-        BadInput{"frobnicate", "frobnicate"}));
+        BadInput{"frobnicate", "frobnicate"},
+        // Numbers out of range, each where it enters (issue 20).
+        BadInput{"probe --batch-size 4611686018427387904", "--batch-size"},
+        BadInput{"probe --batch-size 1073741824 --model mlp --input 65536x65536", "--batch-size"},
+        BadInput{"probe --batch-size 4 --lr 1e39", "--lr"},
+        BadInput{"probe --batch-size 4 --lr nan", "--lr"},
+        BadInput{"probe --batch-size 4 --threads 100000", "--threads"},
+        BadInput{"probe --batch-size 4 --steps 9223372036854775807", "--steps"},
+        BadInput{"probe --batch-size 4 --warmup-steps -1", "--warmup-steps"},
+        BadInput{"probe --batch-size 4 --classes 9223372036854775807", "--classes"},
+        BadInput{"probe --batch-size 4 --model gpt --layers 9223372036854775807", "--layers"},
+        BadInput{"probe --batch-size 4 --input 99999999999999x2", "--input"},
+        BadInput{"probe --batch-size 2 --model gpt --vocab 9223372036854775807", "--vocab"},
+        BadInput{"monitor --interval 9223372036854775807", "--interval"},
+        // Resources: a model larger than the limit fails as it is built.
+        BadInput{"probe --batch-size 2 --model gpt --layers 20000 --memory-limit 256MiB",
+                 "--memory-limit"},
+        BadInput{"probe --batch-size 2 --memory-limit 10KiB", "--memory-limit"},
+        // Outputs, checked before the work.
+        BadInput{"probe --batch-size 2 --json /nonexistent-folder/out.json", "--json"},
+        BadInput{"probe --batch-size 2 --json /tmp", "--json"},
+        BadInput{"probe --batch-size 2 --batch-sise 3", "--batch-size"}));
+
+INSTANTIATE_TEST_SUITE_P(
+    TuneTrainPlan, CliBadInput,
+    ::testing::Values(
+        BadInput{"tune --max-batch 9223372036854775807", "--max-batch"},
+        BadInput{"tune --workers 40000", "--workers"},
+        BadInput{"tune --prefetch 1000000", "--prefetch"},
+        BadInput{"tune --json /nonexistent-folder/out.json", "--json"},
+        BadInput{"tune --report /tmp", "--report"},
+        BadInput{"tune --max-batchs 16", "did you mean --max-batch"},
+        BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 "
+                 "--epochs 9223372036854775807",
+                 "--epochs"},
+        BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 1 "
+                 "--workers 40000",
+                 "--workers"},
+        BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 1 "
+                 "--checkpoint /dev/null/ckpt",
+                 "--checkpoint"},
+        BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 1 "
+                 "--json /nonexistent-folder/out.json",
+                 "--json"},
+        BadInput{"plan --batch-size 8 --target-batch 9223372036854775807", "--target-batch"},
+        BadInput{"plan --batch-size 4611686018427387904", "--batch-size"},
+        BadInput{"plan --batch-size 8 --base-lr 1e39", "--base-lr"},
+        BadInput{"plan --batch-size 8 --warmup 9223372036854775807", "--warmup"},
+        BadInput{"plan --batch-size 1048576 --target-batch 1099511627776 --optimizer sgd "
+                 "--base-lr 0.1 --base-batch 1 --model mlp --input 1x8x8 --device cpu --amp off",
+                 "--base-lr"}));
 
 TEST(Cli, EnvSaysPlainlyWhetherThereIsAGpu) {
   const auto r = run_cli("env");
@@ -144,6 +194,57 @@ TEST(Cli, TuneSearchOnlyFindsAMaximumThatProbeConfirms) {
   const auto above = run_cli("probe " + workload + " --batch-size " +
                              std::to_string(static_cast<int64_t>(max * 1.05 + 1)) + " --json -");
   EXPECT_FALSE(nlohmann::json::parse(above.output)["fits"].get<bool>()) << above.output;
+}
+
+TEST(Cli, TuneWhereNotEvenBatchOneFitsExitsTwoSayingWhatItNeeded) {
+  const auto r = run_cli("tune --model resnet18 --input 3x32x32 --memory-limit 60MiB --device cpu");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  const std::string last = r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1);
+  EXPECT_EQ(last.rfind("batchtune: --memory-limit: not even batch", 0), 0U) << r.output;
+  EXPECT_NE(last.find("peak reached"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("largest batch that fits: 0"), std::string::npos) << r.output;
+}
+
+TEST(Cli, MaxBatchCapIsNamedInTheDiagnosisAndTuneHelpHidesBatchSize) {
+  const auto r = run_cli(
+      "tune --model mlp --input 1x8x8 --memory-limit 16MiB --device cpu --max-batch 2 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_TRUE(j["search"]["hit_max_batch"].get<bool>());
+  if (j["diagnosis"]["kind"] != "compute-bound") {
+    EXPECT_EQ(j["diagnosis"]["kind"], "max-batch-bound") << j["diagnosis"].dump();
+    EXPECT_NE(j["diagnosis"]["text"].get<std::string>().find("--max-batch"), std::string::npos);
+  }
+  EXPECT_LT(j["utilization_note"].get<std::string>().size(), 200U) << j["utilization_note"];
+  EXPECT_TRUE(j.contains("utilization_details"));
+  const auto help = run_cli("tune --help");
+  EXPECT_EQ(help.output.find("--batch-size"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find("--max-batch"), std::string::npos) << help.output;
+}
+
+TEST(Cli, VersionMistypedFlagsAndProbesOldWarmupSpelling) {
+  const auto version = run_cli("--version");
+  EXPECT_EQ(version.exit_code, 0) << version.output;
+  EXPECT_EQ(version.output.rfind("batchtune ", 0), 0U) << version.output;
+  EXPECT_NE(version.output.find("LibTorch"), std::string::npos) << version.output;
+  const auto typo = run_cli("probe --batch-size 2 --warmpu-steps 1");
+  EXPECT_EQ(typo.exit_code, 2) << typo.output;
+  EXPECT_NE(typo.output.find("did you mean --warmup-steps?"), std::string::npos) << typo.output;
+  EXPECT_NE(typo.output.find("batchtune probe --help"), std::string::npos) << typo.output;
+  const auto old = run_cli("probe --model mlp --input 1x8x8 --device cpu --memory-limit 64MiB "
+                           "--batch-size 2 --steps 1 --warmup 2 --json -");
+  ASSERT_EQ(old.exit_code, 0) << old.output;
+  EXPECT_NE(old.output.find("--warmup-steps"), std::string::npos) << old.output;
+  const auto j = nlohmann::json::parse(old.output.substr(old.output.find("\n{") + 1));
+  EXPECT_EQ(j["steps"], 3) << "2 untimed steps and 1 timed";
+}
+
+TEST(Cli, PlanWithLrSaysNotScaled) {
+  const auto r = run_cli("plan --model mlp --input 1x8x8 --device cpu --amp off --batch-size 8 "
+                         "--lr 0.01");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lr 0.01 (not scaled)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("sqrt scaling"), std::string::npos) << r.output;
 }
 
 TEST(Cli, TuneBadSearchFlagsExitTwo) {

@@ -3,9 +3,16 @@
 
 #include <ATen/ATen.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <fstream>
+#include <optional>
+#include <tuple>
 
 #include "batchtune/data/image_folder.h"
+#include "batchtune/data/loader.h"
 #include "batchtune/common/error.h"
 #include "image_folder_fixture.h"
 
@@ -169,6 +176,109 @@ TEST(ImageFolder, OpenDatasetTakesTheShapeFromTheInput) {
   EXPECT_FALSE(splits.train->synthetic());
   EXPECT_EQ(splits.test, nullptr);
   EXPECT_THROW(batchtune::open_dataset("imagefolder:", {3, 12, 12}, 10, 0), batchtune::Error);
+}
+
+}  // namespace
+
+namespace {
+
+/// A real JPEG whose SOF0 header is patched to declare `side`x`side`: 600
+/// bytes that would decode to side² × 3 bytes.
+std::vector<uint8_t> bomb_jpeg(int side) {
+  std::mt19937 rng(3);
+  std::vector<uint8_t> bytes = batchtune::encode_jpeg(batchtune::testing::test_image(16, 16, 0, rng));
+  for (size_t i = 0; i + 8 < bytes.size(); ++i) {
+    if (bytes[i] == 0xFF && (bytes[i + 1] == 0xC0 || bytes[i + 1] == 0xC2)) {
+      bytes[i + 5] = bytes[i + 7] = static_cast<uint8_t>(side >> 8);
+      bytes[i + 6] = bytes[i + 8] = static_cast<uint8_t>(side & 0xFF);
+      return bytes;
+    }
+  }
+  ADD_FAILURE() << "no SOF marker in the encoded JPEG";
+  return bytes;
+}
+
+TEST(ImageFolderBounds, ABombHeaderIsRefusedBeforeDecodingNamingTheFile) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  ImageFolder folder(2, 4);
+  const std::string bomb = folder.files()[0];  // a .jpg
+  batchtune::testing::write_bytes(bomb, bomb_jpeg(65500));
+  ImageFolderDataset data(folder.dir(), ImageFolderOptions().sample_shape({3, 16, 16}));
+  try {
+    data.get_batch({0});
+    FAIL() << "the bomb decoded";
+  } catch (const batchtune::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(bomb), std::string::npos) << what;
+    EXPECT_NE(what.find("65500x65500"), std::string::npos) << what;
+  }
+  // 30000x30000 (3 GB, 25 s to decode) too, and --skip-bad-samples skips it.
+  batchtune::testing::write_bytes(bomb, bomb_jpeg(30000));
+  ImageFolderDataset skipping(folder.dir(),
+                              ImageFolderOptions().sample_shape({3, 16, 16}).skip_bad_samples(true));
+  const batchtune::Batch batch = skipping.get_batch({0, 1});
+  EXPECT_EQ(batch.inputs[0].size(0), 2);
+  EXPECT_EQ(skipping.skipped_files(), std::vector<std::string>{bomb});
+}
+
+TEST(ImageFolderBounds, HugeFilesAndDevicesAreNotReadWhole) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  ImageFolder folder(2, 4);
+  // A sparse 20 GB file: its size is refused before a byte is read.
+  const std::string huge = folder.files()[1];
+  const int fd = ::open(huge.c_str(), O_WRONLY | O_TRUNC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, int64_t{20} << 30), 0);
+  ::close(fd);
+  // A link to /dev/zero would be read forever.
+  const std::string zero = folder.files()[2];
+  ::unlink(zero.c_str());
+  ASSERT_EQ(::symlink("/dev/zero", zero.c_str()), 0);
+  ImageFolderDataset data(folder.dir(), ImageFolderOptions().sample_shape({3, 16, 16}));
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& [index, named, why] :
+       {std::tuple{int64_t{1}, huge, "larger than"}, std::tuple{int64_t{2}, zero, "regular"}}) {
+    try {
+      data.get_batch({index});
+      FAIL() << named << " was read";
+    } catch (const batchtune::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5);
+  ImageFolderDataset skipping(folder.dir(),
+                              ImageFolderOptions().sample_shape({3, 16, 16}).skip_bad_samples(true));
+  skipping.get_batch({1, 2, 3});
+  EXPECT_EQ(skipping.skipped_samples(), 2);
+}
+
+// After a truncated JPEG the decoder (one per thread) must start clean: the
+// next, good JPEG is decoded, not skipped too. 0, 1 and 2 loader workers.
+TEST(ImageFolderBounds, TheDecoderWorksAgainAfterABadFile) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  ImageFolder folder(2, 4);
+  // Files 0 and 2 are class0's JPEGs; 0 is cut in half.
+  const std::string bad = folder.files()[0];
+  std::ifstream in(bad, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+  for (int64_t workers : {0, 1, 2}) {
+    ImageFolderDataset data(folder.dir(),
+                            ImageFolderOptions().sample_shape({3, 16, 16}).skip_bad_samples(true));
+    int64_t n = 0;
+    batchtune::Loader loader(
+        data,
+        [&](int64_t b) -> std::optional<std::vector<int64_t>> {
+          if (b >= 3) return std::nullopt;
+          return std::vector<int64_t>{0, 2, 4, 6};  // the bad JPEG, then good JPEGs
+        },
+        batchtune::LoaderOptions().workers(workers));
+    while (auto batch = loader.next()) n += batch->inputs[0].size(0);
+    EXPECT_EQ(n, 12) << workers << " workers";
+    EXPECT_EQ(data.skipped_files(), std::vector<std::string>{bad}) << workers << " workers";
+  }
 }
 
 }  // namespace

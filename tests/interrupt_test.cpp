@@ -33,6 +33,14 @@ TEST(InterruptHandler, TheFirstSignalOnlyAsksToStop) {
   EXPECT_THROW(throw_if_interrupted(), Interrupted);
 }
 
+TEST(InterruptHandler, SighupIsAStopRequestToo) {
+  InterruptHandler interrupts;
+  std::raise(SIGHUP);  // the terminal closed: not the end of the process
+  EXPECT_TRUE(interrupt_requested());
+  EXPECT_EQ(interrupt_exit_code(), 129);
+  EXPECT_EQ(interrupt_name(), "SIGHUP");
+}
+
 TEST(InterruptHandler, ANewHandlerClearsTheOldRequest) {
   {
     InterruptHandler interrupts;
@@ -76,6 +84,37 @@ TEST(InterruptCli, SigintDuringTheSweepWritesThePartialJsonAndReport) {
   EXPECT_LT(j["sweep"].size(), 8U) << "the sweep was cut short";
   struct stat st {};
   EXPECT_EQ(::stat(html.c_str(), &st), 0) << "the report is written too";
+}
+
+TEST(InterruptCli, SighupDuringTuneWritesThePartialJson) {
+  const std::string json = ::testing::TempDir() + "batchtune_hup_tune.json";
+  std::remove(json.c_str());
+  const auto r = run_cli_and_signal("tune --model mlp --input 1x16x16 --device cpu "
+                                    "--memory-limit 32MiB --json " + json,
+                                    "sweep: timing", SIGHUP);
+  ASSERT_EQ(r.exit_code, 129) << r.output;
+  const auto j = read_json(json);
+  EXPECT_EQ(j["complete"], false);
+  EXPECT_EQ(j["interrupted_by"], "SIGHUP");
+  EXPECT_FALSE(j["trials"].empty());
+}
+
+TEST(InterruptCli, SighupDuringTrainWritesACheckpointAndThePartialJson) {
+  const std::string dir = ::testing::TempDir() + "batchtune_hup_train";
+  const std::string json = dir + "/summary.json";
+  ::mkdir(dir.c_str(), 0755);
+  std::remove((dir + "/checkpoint.pt").c_str());
+  std::remove(json.c_str());
+  const auto r = run_cli_and_signal(
+      "train --model mlp --input 1x8x8 --device cpu --amp off --batch-size 16 --steps 100000 "
+      "--log-every 20 --checkpoint " + dir + " --json " + json,
+      "step 20/", SIGHUP);
+  ASSERT_EQ(r.exit_code, 129) << r.output;
+  const auto j = read_json(json);
+  EXPECT_EQ(j["complete"], false);
+  EXPECT_EQ(j["interrupted_by"], "SIGHUP");
+  struct stat st {};
+  EXPECT_EQ(::stat((dir + "/checkpoint.pt").c_str(), &st), 0) << "no checkpoint";
 }
 
 TEST(InterruptCli, SigtermDuringTheSearchKeepsTheTrialsSoFar) {

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <fstream>
 
+#include "batchtune/common/interrupt.h"
 #include "batchtune/tuning/loader_tuning.h"
 #include "cli_runner.h"
 #include "image_folder_fixture.h"
@@ -18,6 +20,19 @@ TEST(LoaderTuning, WorkerGridDoublesUpToTheCores) {
   EXPECT_EQ(batchtune::loader_worker_grid(2), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(batchtune::loader_worker_grid(6), (std::vector<int64_t>{0, 1, 2, 4, 6}));
   EXPECT_EQ(batchtune::loader_worker_grid(8), (std::vector<int64_t>{0, 1, 2, 4, 8}));
+}
+
+TEST(LoaderTuning, AnInterruptStopsTheTimingOfWorkerCounts) {
+  batchtune::InterruptHandler interrupts;
+  int measured = 0;
+  const auto fake = [&](int64_t workers, bool pin) {
+    if (++measured == 2) batchtune::request_interrupt(SIGTERM);  // during the second
+    return LoaderRow{workers, pin, 100, 0};
+  };
+  EXPECT_THROW(batchtune::time_loaders(fake, batchtune::loader_worker_grid(8), false),
+               batchtune::Interrupted);
+  EXPECT_EQ(measured, 2) << "no setting is timed after the signal";
+  batchtune::request_interrupt(0);
 }
 
 TEST(LoaderTuning, PicksTheFewestWorkersThatKeepTheWaitUnderFivePercent) {

@@ -5,7 +5,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <csignal>
 
+#include "batchtune/common/interrupt.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/training_step.h"
@@ -204,6 +206,20 @@ TEST(NoiseScale, AMeasuringRunLeavesTheModelAsItWas) {
   EXPECT_NE(testing::error_of([&] { measure_noise_scale(w, *memory, *toy_data(3, 4), 8, 1e-3); })
                 .find("--data"),
             std::string::npos);
+}
+
+// A signal during tune's noise-scale run stops it: the model is put back and
+// Interrupted reaches the caller, which marks its run incomplete.
+TEST(NoiseScale, AnInterruptStopsTheMeasuringRun) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{1} << 30);
+  const auto data = toy_data(1024, 3);
+  Workload w = mlp();
+  const auto before = testing::copies(w.model().parameters());
+  InterruptHandler interrupts;
+  request_interrupt(SIGINT);
+  EXPECT_THROW(measure_noise_scale(w, *memory, *data, 8, 1e-3, 1000), Interrupted);
+  request_interrupt(0);
+  testing::expect_identical(before, testing::copies(w.model().parameters()));
 }
 
 }  // namespace

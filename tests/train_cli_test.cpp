@@ -118,3 +118,31 @@ TEST(TrainCli, PlanWrittenByPlanIsReadBackByPlanAndTrain) {
 }
 
 }  // namespace
+
+namespace {
+
+// Threads that cannot start (here: a virtual-memory limit leaves no room
+// for 256 thread stacks) end as a one-line error naming --workers, never in
+// std::terminate. The process's own size differs between builds, so a few
+// limits are tried; each must end cleanly, and one must hit the threads.
+TEST(TrainCli, LoaderThreadsThatCannotStartAreAnErrorNotACrash) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than any ulimit -v allows";
+#endif
+  bool hit = false;
+  for (const char* limit_kb : {"4000000", "4500000", "5000000", "6000000"}) {
+    const auto r = run_cli(std::string("--version >/dev/null; ulimit -v ") + limit_kb + "; " +
+                           BATCHTUNE_CLI_PATH +
+                           " train --model mlp --input 1x8x8 --device cpu --amp off "
+                           "--batch-size 2 --steps 3 --log-every 0 --workers 256");
+    EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 2) << limit_kb << ": " << r.output;
+    if (r.output.find("cannot start loader thread") != std::string::npos) {
+      hit = true;
+      EXPECT_EQ(r.exit_code, 2) << r.output;
+      EXPECT_NE(r.output.find("--workers 256"), std::string::npos) << r.output;
+    }
+  }
+  EXPECT_TRUE(hit) << "no limit tried left too little room for the threads";
+}
+
+}  // namespace

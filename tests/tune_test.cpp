@@ -153,7 +153,7 @@ TEST(Tune, NotEvenBatchOneFittingIsAnErrorSayingWhatWasNeeded) {
   FakeSubject subject(4 * kMiB);
   TrialRunner runner(subject, *memory, 0.1);
   const std::string message = testing::error_of([&] { tune(runner, TuneOptions()); });
-  EXPECT_NE(message.find("not even batch size 1 fits"), std::string::npos) << message;
+  EXPECT_NE(message.find("not even batch 1 fits"), std::string::npos) << message;
 }
 
 TEST(Tune, BadOptionsNameTheOption) {

@@ -15,6 +15,9 @@ namespace {
 /// Below 10 ms, /proc's CPU time (10 ms ticks) reads as noise, and NVML
 /// updates utilization only every 1/6 s or so anyway.
 constexpr int64_t kMinIntervalMs = 10;
+/// A day between samples at most: past it the interval is a typo, and
+/// milliseconds near int64's limit overflow the clock's arithmetic.
+constexpr int64_t kMaxIntervalMs = int64_t{24} * 3600 * 1000;
 
 struct MonitorFlags {
   int64_t interval_ms = static_cast<int64_t>(kDefaultMonitorIntervalMs);
@@ -34,9 +37,9 @@ std::unique_ptr<Sampler> make_flagged_sampler(const MonitorFlags& flags) {
 }
 
 int run_monitor(const MonitorFlags& flags) {
-  if (flags.interval_ms < kMinIntervalMs) {
-    throw Error(fmt::format("--interval: must be at least {} ms, got {}", kMinIntervalMs,
-                            flags.interval_ms));
+  if (flags.interval_ms < kMinIntervalMs || flags.interval_ms > kMaxIntervalMs) {
+    throw Error(fmt::format("--interval: must be from {} to {} ms, got {}", kMinIntervalMs,
+                            kMaxIntervalMs, flags.interval_ms));
   }
   if (flags.count < 0) {
     throw Error(fmt::format("--count: must be 0 (until interrupted) or more, got {}", flags.count));

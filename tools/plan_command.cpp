@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/reports/tune_report.h"
@@ -22,6 +23,8 @@ struct PlanCommandFlags {
 };
 
 int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
+  check_output_file(flags.json, "--json");
+  check_plan_flags(flags.plan, cmd);
   std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
   Plan plan;
   const bool only_file = !flags.plan.plan_file.empty() &&

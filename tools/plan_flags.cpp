@@ -39,7 +39,53 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
       ->capture_default_str();
 }
 
+void check_plan_flags(const PlanFlags& flags, const CLI::App& app) {
+  const auto given = [&](const char* name) { return app.count(name) > 0; };
+  if (given("--batch-size") && flags.batch_size < 1) {
+    throw Error(fmt::format("--batch-size: must be at least 1, got {}", flags.batch_size));
+  }
+  if (given("--target-batch") && flags.target_batch < 1) {
+    throw Error(fmt::format("--target-batch: must be at least 1, got {}", flags.target_batch));
+  }
+  if (given("--base-batch") && flags.base_batch < 1) {
+    throw Error(fmt::format("--base-batch: must be at least 1, got {}", flags.base_batch));
+  }
+  if (given("--warmup") && flags.warmup < 0) {
+    throw Error(fmt::format("--warmup: must be 0 or more steps, got {}", flags.warmup));
+  }
+  if (given("--base-lr") && !(flags.base_lr > 0)) {
+    throw Error(fmt::format("--base-lr: must be positive, got {}", flags.base_lr));
+  }
+  if (given("--lr-scaling")) parse_lr_scaling(flags.lr_scaling);
+  if (flags.workers < 0 || flags.workers > kMaxWorkers) {
+    throw Error(fmt::format("--workers: must be 0 (load on the training thread) to {}, got {}",
+                            kMaxWorkers, flags.workers));
+  }
+  if (flags.prefetch < 0 || flags.prefetch > kMaxPrefetch) {
+    throw Error(fmt::format("--prefetch: must be 0 to {} batches per worker, got {}",
+                            kMaxPrefetch, flags.prefetch));
+  }
+  for (const char* name : {"--batch-size", "--target-batch", "--base-batch", "--warmup"}) {
+    const int64_t value = std::string(name) == "--batch-size"     ? flags.batch_size
+                          : std::string(name) == "--target-batch" ? flags.target_batch
+                          : std::string(name) == "--base-batch"   ? flags.base_batch
+                                                                  : flags.warmup;
+    if (given(name) && value > kMaxPlanCount) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", name, kMaxPlanCount, value));
+    }
+  }
+  if (given("--base-lr") && !(flags.base_lr <= kMaxLearningRate)) {
+    throw Error(fmt::format("--base-lr: must be at most {:g}, got {:g}", kMaxLearningRate,
+                            flags.base_lr));
+  }
+  if (flags.pin_memory != "auto" && flags.pin_memory != "on" && flags.pin_memory != "off") {
+    throw Error(fmt::format("--pin-memory: use auto, on or off, not '{}'", flags.pin_memory));
+  }
+  parse_amp(flags.amp);
+}
+
 PlanRequest plan_request(const PlanFlags& flags, const CLI::App& app, double lr) {
+  check_plan_flags(flags, app);
   const auto given = [&](const char* name) { return app.count(name) > 0; };
   PlanRequest r;
   if (given("--batch-size")) r.micro_batch_size = flags.batch_size;
@@ -53,9 +99,6 @@ PlanRequest plan_request(const PlanFlags& flags, const CLI::App& app, double lr)
   if (given("--amp") || flags.plan_file.empty()) r.amp = parse_amp(flags.amp);
   if (given("--workers")) r.workers = flags.workers;
   if (given("--prefetch")) r.prefetch = flags.prefetch;
-  if (flags.pin_memory != "auto" && flags.pin_memory != "on" && flags.pin_memory != "off") {
-    throw Error(fmt::format("--pin-memory: use auto, on or off, not '{}'", flags.pin_memory));
-  }
   if (flags.pin_memory != "auto") r.pin_memory = flags.pin_memory == "on";
   if (given("--lr")) r.lr = lr;
   validate(r);

@@ -28,8 +28,13 @@ struct PlanFlags {
 
 void add_plan_flags(CLI::App& app, PlanFlags& flags);
 
+/// Checks every plan flag's range (before any work). Throws
+/// `batchtune::Error` naming the flag.
+void check_plan_flags(const PlanFlags& flags, const CLI::App& app);
+
 /// The request the flags given on `app` make (a flag left out is a field
-/// left empty); `--lr` given asks for that exact lr. Throws
+/// left empty), checked with `check_plan_flags`; `--lr` given asks for that
+/// exact lr. Throws
 /// `batchtune::Error` naming the flag.
 PlanRequest plan_request(const PlanFlags& flags, const CLI::App& app, double lr);
 

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "batchtune/reports/console_reporter.h"
+#include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
 #include "batchtune/reports/json_reporter.h"
 #include "batchtune/step/amp.h"
@@ -13,6 +14,9 @@
 
 namespace batchtune::cli {
 namespace {
+
+// Timed or untimed steps of one probe at most: a million steps is hours.
+constexpr int64_t kMaxProbeSteps = 1000000;
 
 struct ProbeFlags {
   WorkloadFlags workload;
@@ -25,6 +29,18 @@ struct ProbeFlags {
 };
 
 int run_probe(const ProbeFlags& flags) {
+  check_output_file(flags.json, "--json");
+  if (flags.steps < 1 || flags.steps > kMaxProbeSteps) {
+    throw Error(fmt::format("--steps: must be from 1 to {}, got {}", kMaxProbeSteps, flags.steps));
+  }
+  if (flags.warmup < 0 || flags.warmup > kMaxProbeSteps) {
+    throw Error(fmt::format("--warmup-steps: must be from 0 to {}, got {}", kMaxProbeSteps,
+                            flags.warmup));
+  }
+  if (!(flags.margin >= 0 && flags.margin < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", flags.margin));
+  }
+  check_batch_size(flags.batch_size, input_spec_from_flags(flags.workload), "--batch-size");
   const AmpMode asked = parse_amp(flags.amp);
   ResolvedWorkload resolved = resolve_workload(flags.workload);
   // The step at the precision training would use (auto: as train resolves it).
@@ -54,7 +70,17 @@ CommandRun add_probe_command(CLI::App& app) {
   add_workload_flags(*cmd, flags->workload);
   cmd->add_option("--batch-size", flags->batch_size, "batch size to try")->required();
   cmd->add_option("--steps", flags->steps, "timed steps")->capture_default_str();
-  cmd->add_option("--warmup", flags->warmup, "untimed steps before them")->capture_default_str();
+  cmd->add_option("--warmup-steps", flags->warmup, "untimed steps before them")
+      ->capture_default_str();
+  // The old spelling, kept working; elsewhere --warmup is the lr warm-up.
+  cmd->add_option("--warmup", flags->warmup,
+                  "old name of --warmup-steps (in train and plan, --warmup is the lr warm-up)");
+  cmd->callback([cmd] {
+    if (cmd->count("--warmup") > 0) {
+      std::cerr << "note: probe's --warmup is now --warmup-steps (untimed steps); in train and "
+                   "plan --warmup is the learning-rate warm-up\n";
+    }
+  });
   cmd->add_option("--margin", flags->margin,
                   "share of the capacity kept free (fits = peak <= capacity x (1 - margin))")
       ->capture_default_str();

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "batchtune/data/dataset.h"
+#include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
 #include "batchtune/tuning/loader_tuning.h"
 #include "batchtune/common/shape.h"
@@ -28,6 +29,10 @@ constexpr double kUtilizationWindowS = 5;
 /// How often the progress bar is redrawn on a terminal.
 constexpr double kProgressIntervalS = 0.25;
 
+/// Passes over the data at most: a million epochs is past any training run,
+/// and epochs × steps per epoch stays inside int64.
+constexpr int64_t kMaxEpochs = 1000000;
+
 struct TrainFlags {
   WorkloadFlags workload;
   PlanFlags plan;
@@ -49,6 +54,17 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     throw Error(fmt::format("--epochs: must be at least 1, got {}", flags.epochs));
   }
   if (flags.steps < 0) throw Error(fmt::format("--steps: must be at least 1, got {}", flags.steps));
+  if (flags.epochs > kMaxEpochs) {
+    throw Error(fmt::format("--epochs: must be at most {}, got {}", kMaxEpochs, flags.epochs));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"--steps", flags.steps},
+        {"--log-every", flags.log_every},
+        {"--checkpoint-every", flags.checkpoint_every}}) {
+    if (value > kMaxPlanCount) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, value));
+    }
+  }
   if (flags.log_every < 0) {
     throw Error(fmt::format("--log-every: must be 0 (none) or more, got {}", flags.log_every));
   }
@@ -62,6 +78,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.checkpoint_every > 0 && flags.checkpoint.empty()) {
     throw Error("--checkpoint-every: needs --checkpoint DIR to write to");
   }
+  // Where the results go is checked before the work, not after it.
+  check_output_file(flags.json, "--json");
+  prepare_output_directory(flags.checkpoint, "--checkpoint");
   // A bad plan file fails now, before the data loads and lines are printed;
   // the workload it was made for fills in what the flags leave out.
   WorkloadFlags workload_flags = flags.workload;

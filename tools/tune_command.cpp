@@ -58,6 +58,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!flags.report.empty() && flags.search_only) {
     throw Error("--report: needs the sweep; leave out --search-only");
   }
+  check_plan_flags(flags.plan, cmd);
+  // Where the results go is checked before the work, not after it.
+  check_output_file(flags.json, "--json");
+  check_output_file(flags.report, "--report");
   const Objective objective = parse_objective(flags.objective);
   if (cmd.count("--eta") > 0 && objective != Objective::kEnergy) {
     throw Error("--eta: weighs the energy objective; add --objective energy");
@@ -169,6 +173,9 @@ CommandRun add_tune_command(CLI::App& app) {
   cmd->add_option("--json", flags->json, "write the result as JSON to FILE, or - for stdout");
   // The plan's flags; tune itself finds the micro-batch (see run_tune).
   add_plan_flags(*cmd, flags->plan);
+  // Declared so that run_tune can say what to use instead, not listed in
+  // --help: tune finds the micro-batch itself.
+  for (const char* name : {"--batch-size", "--plan"}) cmd->get_option(name)->group("");
   add_distributed_flags(*cmd, flags->distributed);
   return [flags, cmd] { return run_tune(*flags, *cmd); };
 }

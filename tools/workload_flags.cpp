@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <c10/util/Exception.h>
+
+#include <cmath>
 #include <iostream>
 
 #include "batchtune/common/atomic_file.h"
@@ -11,6 +14,7 @@
 #include "batchtune/models/model.h"
 #include "batchtune/common/shape.h"
 #include "batchtune/common/size.h"
+#include "batchtune/plan/plan.h"
 
 namespace batchtune::cli {
 
@@ -83,6 +87,20 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
   if (flags.threads < 0) {
     throw Error(fmt::format("--threads: must be 0 (all cores) or more, got {}", flags.threads));
   }
+  if (flags.threads > kMaxThreads) {
+    throw Error(fmt::format("--threads: must be at most {}, got {}", kMaxThreads, flags.threads));
+  }
+  if (!(flags.lr > 0) || !std::isfinite(flags.lr) || flags.lr > kMaxLearningRate) {
+    throw Error(fmt::format("--lr: must be positive and at most {:g}, got {:g}",
+                            kMaxLearningRate, flags.lr));
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--layers", flags.layers},
+                                    {"--heads", flags.heads},
+                                    {"--width", flags.width}}) {
+    if (value > kMaxGptSize) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxGptSize, value));
+    }
+  }
   const InputSpec spec = input_spec_from_flags(flags);
   const c10::Device device = parse_device(flags.device);
   std::optional<int64_t> limit;
@@ -90,34 +108,67 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
 
   ResolvedWorkload resolved;
   resolved.threads = configure_threads(flags.threads);
-  resolved.workload = std::make_unique<Workload>(WorkloadOptions()
-                                                     .model(flags.model)
-                                                     .input_spec(spec)
-                                                     .gpt(GptOptions()
-                                                              .layers(flags.layers)
-                                                              .heads(flags.heads)
-                                                              .width(flags.width)
-                                                              .tied_head(!flags.untied_head))
-                                                     .optimizer(flags.optimizer)
-                                                     .lr(flags.lr)
-                                                     .seed(flags.seed)
-                                                     .device(device));
+  // On the CPU the model is built under the budget: a model larger than
+  // --memory-limit fails as it grows past it, not after taking the host's RAM.
+  if (device.is_cpu()) resolved.memory = make_device_memory(device, limit);
+  try {
+    resolved.workload = std::make_unique<Workload>(WorkloadOptions()
+                                                       .model(flags.model)
+                                                       .input_spec(spec)
+                                                       .gpt(GptOptions()
+                                                                .layers(flags.layers)
+                                                                .heads(flags.heads)
+                                                                .width(flags.width)
+                                                                .tied_head(!flags.untied_head))
+                                                       .optimizer(flags.optimizer)
+                                                       .lr(flags.lr)
+                                                       .seed(flags.seed)
+                                                       .device(device));
+  } catch (const c10::OutOfMemoryError& e) {
+    throw Error(fmt::format(
+        "--memory-limit: {} cannot hold {} and one forward pass at batch 2 ({}); give a larger "
+        "limit or a smaller model",
+        limit ? format_bytes(*limit) : "the default CPU budget", flags.model,
+        first_line(e.what_without_backtrace())));
+  }
   const int64_t params = parameter_bytes(resolved.workload->model());
   if (limit && params >= *limit) {
     throw Error(fmt::format(
         "--memory-limit: {} cannot even hold the parameters of {} ({}); give a larger limit",
         format_bytes(*limit), resolved.workload->model().describe(), format_bytes(params)));
   }
-  resolved.memory = make_device_memory(device, limit);
+  if (!resolved.memory) resolved.memory = make_device_memory(device, limit);
   return resolved;
 }
 
-void write_json_output(const std::string& target, const nlohmann::json& json) {
-  if (target == "-") {
-    std::cout << json.dump(2) << std::endl;
-  } else {
-    write_file_atomically(target, json.dump(2) + "\n");
+void check_batch_size(int64_t batch, const InputSpec& spec, const std::string& flag) {
+  if (batch < 1) throw Error(fmt::format("{}: must be at least 1, got {}", flag, batch));
+  if (batch > kMaxPlanCount) {
+    throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, batch));
   }
+  // A batch's bytes (8 per element at most, and its gradient) must stay far
+  // inside int64, or LibTorch's size arithmetic overflows.
+  constexpr int64_t kMaxBatchElements = INT64_MAX / 64;
+  int64_t sample = 0;
+  for (const auto& input : spec.inputs) {
+    int64_t elements = 1;
+    for (int64_t dim : input.shape) {
+      if (__builtin_mul_overflow(elements, dim, &elements)) elements = INT64_MAX;
+    }
+    if (__builtin_add_overflow(sample, elements, &sample)) sample = INT64_MAX;
+  }
+  int64_t total = 0;
+  if (__builtin_mul_overflow(batch, sample, &total) || total > kMaxBatchElements) {
+    throw Error(fmt::format("{}: {} samples of {} elements each are more than {} elements; give "
+                            "a smaller batch or input",
+                            flag, batch, sample, kMaxBatchElements));
+  }
+}
+
+void write_json_output(const std::string& target, const nlohmann::json& json) {
+  // "-" is stdout, written and checked like a file: a full or closed
+  // stdout is an error, not a silent exit 0.
+  write_file_atomically(target, json.dump(2) + "\n");
 }
 
 }  // namespace batchtune::cli

@@ -14,6 +14,13 @@
 
 namespace batchtune::cli {
 
+/// LibTorch threads at most: more than any host's cores, and each one is a
+/// thread the process must be able to start.
+constexpr int kMaxThreads = 1024;
+/// gpt's --layers, --heads and --width at most: far past any model that
+/// trains on one device (the memory limit bounds the rest).
+constexpr int64_t kMaxGptSize = 1 << 20;
+
 struct WorkloadFlags {
   std::string model = "convnet";
   /// Empty: the model's default (3x64x64, or int64:64 for gpt).
@@ -51,6 +58,11 @@ InputSpec input_spec_from_flags(const WorkloadFlags& flags);
 
 /// Checks every flag and builds the workload; throws `batchtune::Error`.
 ResolvedWorkload resolve_workload(const WorkloadFlags& flags);
+
+/// Checks that a batch of `batch` samples is a size the step can index:
+/// at least 1, at most `kMaxPlanCount`, and its elements (batch × a
+/// sample's) well inside int64. Throws `batchtune::Error` naming `flag`.
+void check_batch_size(int64_t batch, const InputSpec& spec, const std::string& flag);
 
 /// Writes `json` to `target`: `-` for stdout, else a file, atomically.
 void write_json_output(const std::string& target, const nlohmann::json& json);

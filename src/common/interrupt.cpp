@@ -15,6 +15,7 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 struct sigaction previous_int;
 struct sigaction previous_term;
+struct sigaction previous_hup;
 
 void on_signal(int signal) {
   int expected = 0;
@@ -35,11 +36,14 @@ InterruptHandler::InterruptHandler() {
   // No SA_RESTART: a blocking read or sleep returns early with EINTR.
   sigaction(SIGINT, &action, &previous_int);
   sigaction(SIGTERM, &action, &previous_term);
+  // The terminal closed or the ssh connection dropped: the same request.
+  sigaction(SIGHUP, &action, &previous_hup);
 }
 
 InterruptHandler::~InterruptHandler() {
   sigaction(SIGINT, &previous_int, nullptr);
   sigaction(SIGTERM, &previous_term, nullptr);
+  sigaction(SIGHUP, &previous_hup, nullptr);
 }
 
 bool interrupt_requested() { return requested_signal.load() != 0; }
@@ -56,6 +60,7 @@ std::string interrupt_name() {
     case 0: return "";
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
     default: return fmt::format("signal {}", requested_signal.load());
   }
 }

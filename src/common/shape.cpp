@@ -10,9 +10,6 @@
 
 namespace batchtune {
 
-// A sample with more elements than this is a typo, not a workload.
-constexpr int64_t kMaxElementsPerSample = int64_t{1} << 32;
-
 std::vector<int64_t> parse_shape(const std::string& text, const std::string& what) {
   const auto fail = [&](const std::string& why) {
     return Error(fmt::format(

@@ -27,10 +27,26 @@ struct TjHandle {
   ~TjHandle() {
     if (handle != nullptr) tjDestroy(handle);
   }
+  /// A fresh decompressor: after a failure a handle keeps its error state
+  /// and would fail the next, good file too.
+  void reset() {
+    if (handle != nullptr) tjDestroy(handle);
+    handle = tjInitDecompress();
+  }
   TjHandle(const TjHandle&) = delete;
   TjHandle& operator=(const TjHandle&) = delete;
   tjhandle handle;
 };
+
+void check_dimensions(const std::string& path, const char* format, int width, int height) {
+  if (width < 1 || height < 1 || width > kMaxImageSide || height > kMaxImageSide ||
+      static_cast<int64_t>(width) * height > kMaxImagePixels) {
+    throw Error(fmt::format("{}: the {} header declares {}x{} pixels, more than this reads "
+                            "({} per side, {} megapixels); resize the image",
+                            path, format, width, height, kMaxImageSide,
+                            kMaxImagePixels >> 20));
+  }
+}
 
 Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, int channels) {
   // One decompressor per thread: handles are not thread-safe, and making one
@@ -40,8 +56,11 @@ Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, in
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
   if (tjDecompressHeader3(tj.handle, bytes.data(), static_cast<unsigned long>(bytes.size()),
                           &width, &height, &subsampling, &colorspace) != 0) {
-    throw Error(fmt::format("{}: not a readable JPEG ({})", path, tjGetErrorStr2(tj.handle)));
+    const Error error(fmt::format("{}: not a readable JPEG ({})", path, tjGetErrorStr2(tj.handle)));
+    tj.reset();
+    throw error;
   }
+  check_dimensions(path, "JPEG", width, height);
   Image image;
   image.width = width;
   image.height = height;
@@ -51,13 +70,20 @@ Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, in
   if (tjDecompress2(tj.handle, bytes.data(), static_cast<unsigned long>(bytes.size()),
                     image.pixels.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
                     TJFLAG_STOPONWARNING) != 0) {
-    throw Error(fmt::format("{}: corrupt JPEG ({})", path, tjGetErrorStr2(tj.handle)));
+    const Error error(fmt::format("{}: corrupt JPEG ({})", path, tjGetErrorStr2(tj.handle)));
+    tj.reset();
+    throw error;
   }
   return image;
 }
 
 Image decode_png(const std::string& path, const std::vector<uint8_t>& bytes, int channels) {
   int width = 0, height = 0, in_file = 0;
+  if (stbi_info_from_memory(bytes.data(), static_cast<int>(bytes.size()), &width, &height,
+                            &in_file) == 0) {
+    throw Error(fmt::format("{}: corrupt PNG ({})", path, stbi_failure_reason()));
+  }
+  check_dimensions(path, "PNG", width, height);
   std::unique_ptr<stbi_uc, void (*)(void*)> pixels(
       stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &width, &height,
                             &in_file, channels),

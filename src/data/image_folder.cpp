@@ -54,13 +54,26 @@ bool is_image_name(std::string name) {
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
   std::vector<uint8_t> bytes;
   struct stat st{};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
+  const auto too_large = [&] {
+    ::close(fd);
+    return Error(fmt::format("{}: larger than {} MiB, more than an image file this reads; "
+                             "resize it",
+                             path, kMaxImageFileBytes >> 20));
+  };
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    // A link to /dev/zero or a FIFO would be read forever.
+    ::close(fd);
+    throw Error(fmt::format("{}: not a regular file; an image must be a file", path));
+  }
+  if (st.st_size > kMaxImageFileBytes) throw too_large();  // a sparse 20 GB file
+  if (st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
   uint8_t chunk[1 << 16];
   for (;;) {
+    if (static_cast<int64_t>(bytes.size()) > kMaxImageFileBytes) throw too_large();
     const ssize_t n = ::read(fd, chunk, sizeof chunk);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -151,7 +164,12 @@ void ImageFolderDataset::load(int64_t index, bool augment, uint64_t draw, float*
   const int channels = static_cast<int>(options_.sample_shape()[0]);
   const int height = static_cast<int>(options_.sample_shape()[1]);
   const int width = static_cast<int>(options_.sample_shape()[2]);
-  const Image image = decode_image(file, read_file(file), channels);
+  Image image;
+  try {
+    image = decode_image(file, read_file(file), channels);
+  } catch (const std::bad_alloc&) {  // a file --skip-bad-samples can skip
+    throw Error(fmt::format("{}: out of host memory decoding the image", file));
+  }
 
   // Scale so the output fits kImageResizeRatio times over, then crop.
   const double scale = kImageResizeRatio * std::max(static_cast<double>(height) / image.height,

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <type_traits>
 
 #include "batchtune/common/error.h"
+#include "common/json_depth.h"
 #include "batchtune/common/shape.h"
 
 namespace batchtune {
@@ -40,13 +42,23 @@ std::string input_name(size_t index) {
 template <typename T>
 T field(const json& object, const char* key, const std::string& where, const char* expected) {
   const json& value = object.at(key);
+  const auto wrong_type = [&] {
+    // `where` is "FILE: inputs[0]" for a nested field, "FILE" for a top-level one.
+    const char* join = where.find(": ") == std::string::npos ? ": " : ".";
+    return Error(fmt::format("{}{}{}: expected {}, got {}", where, join, key, expected,
+                             value.dump()));
+  };
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // get<int64_t>() would truncate 10.5 to 10 and wrap 2^64-1 to -1.
+    if (!value.is_number_integer() ||
+        (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      throw wrong_type();
+    }
+  }
   try {
     return value.get<T>();
   } catch (const json::exception&) {
-    // `where` is "FILE: inputs[0]" for a nested field, "FILE" for a top-level one.
-    const char* join = where.find(": ") == std::string::npos ? ": " : ".";
-    throw Error(fmt::format("{}{}{}: expected {}, got {}", where, join, key, expected,
-                            value.dump()));
+    throw wrong_type();
   }
 }
 
@@ -185,6 +197,9 @@ InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
   }
   input.shape = parse_shape(shape, what);
   if (input.dtype == c10::kLong) {
+    if (vocab > kMaxClasses) {
+      throw Error(fmt::format("--vocab: must be at most {}, got {}", kMaxClasses, vocab));
+    }
     if (vocab < 1) {
       throw Error(fmt::format("--vocab: token ids ({} {}) need a vocabulary size, like --vocab "
                               "32000",
@@ -200,10 +215,16 @@ void validate(InputSpec& spec, const std::string& what) {
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     auto& input = spec.inputs[i];
     if (input.name.empty()) input.name = input_name(i);
+    int64_t elements = 1;
     for (int64_t dim : input.shape) {
       if (dim < 1) {
         throw Error(fmt::format("{}: input '{}' has shape {}; dimensions must be at least 1",
                                 what, input.name, fmt::join(input.shape, "x")));
+      }
+      if (__builtin_mul_overflow(elements, dim, &elements) || elements > kMaxElementsPerSample) {
+        throw Error(fmt::format("{}: input '{}' has shape {}, more than {} elements per sample",
+                                what, input.name, fmt::join(input.shape, "x"),
+                                kMaxElementsPerSample));
       }
     }
     const bool known = input.dtype == c10::kFloat || input.dtype == c10::kHalf ||
@@ -229,7 +250,8 @@ void validate(InputSpec& spec, const std::string& what) {
     case TargetKind::kClass:
     case TargetKind::kToken:
       if (target.classes < 2 || target.classes > kMaxClasses) {
-        throw Error(fmt::format("--classes: need at least 2 classes, got {}", target.classes));
+        throw Error(fmt::format("--classes: need from 2 to {} classes, got {}", kMaxClasses,
+                                target.classes));
       }
       if (spec.loss == LossKind::kMse) {
         throw Error(fmt::format("--loss: mse needs float targets (--target float:SHAPE), not "
@@ -327,6 +349,7 @@ InputSpec parse_input_flags(const InputFlags& flags) {
 }
 
 InputSpec parse_input_spec_json(const std::string& text, const std::string& what) {
+  check_json_depth(text, what);
   json root;
   try {
     root = json::parse(text);
@@ -355,8 +378,9 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
     }
     if (object.contains("vocab")) {
       input.vocab = field<int64_t>(object, "vocab", where, "an integer");
-      if (input.vocab < 1) {
-        throw Error(fmt::format("{}.vocab: must be at least 1, got {}", where, input.vocab));
+      if (input.vocab < 1 || input.vocab > kMaxClasses) {
+        throw Error(fmt::format("{}.vocab: must be from 1 to {}, got {}", where, kMaxClasses,
+                                input.vocab));
       }
     }
     if (input.dtype == c10::kLong && input.vocab == 0) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <system_error>
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/common/error.h"
@@ -32,19 +33,36 @@ Loader::Loader(const Dataset& data, BatchIndices indices, LoaderOptions options)
     throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
                             options_.prefetch()));
   }
+  if (options_.workers() > kMaxWorkers) {
+    throw Error(fmt::format("--workers: must be at most {}, got {}", kMaxWorkers,
+                            options_.workers()));
+  }
   TORCH_CHECK(indices_, "Loader: needs the batches' indices");
   scheduled_ = taken_ = options_.first_batch();
-  for (int64_t i = 0; i < options_.workers(); ++i) threads_.emplace_back([this] { work(); });
+  try {
+    for (int64_t i = 0; i < options_.workers(); ++i) threads_.emplace_back([this] { work(); });
+  } catch (const std::system_error& e) {
+    // Out of threads (a ulimit, or the process's limit): the ones started
+    // are stopped and joined, so that none is destroyed while joinable.
+    const size_t started = threads_.size();
+    stop_workers();
+    throw Error(fmt::format("--workers {}: cannot start loader thread {} ({}); use fewer "
+                            "workers",
+                            options_.workers(), started + 1, e.what()));
+  }
   if (options_.workers() > 0) refill();  // start building before the first next()
 }
 
-Loader::~Loader() {
+Loader::~Loader() { stop_workers(); }
+
+void Loader::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   work_ready_.notify_all();
   for (auto& thread : threads_) thread.join();
+  threads_.clear();
 }
 
 Batch Loader::build(const Task& task) const {

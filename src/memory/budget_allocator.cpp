@@ -3,7 +3,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <cstring>
 
 #include "batchtune/common/size.h"
@@ -64,10 +66,13 @@ c10::DataPtr BudgetAllocator::allocate(size_t bytes) {
                        format_bytes(live), " of ", format_bytes(budget),
                        " already in use");
     }
-    auto hit = cache_.find(capacity);
-    if (hit != cache_.end() && !hit->second.empty()) {
-      ptr = hit->second.back();
-      hit->second.pop_back();
+    // The size's free list exists from the first block of that size on, so
+    // that release() never has to make it. May throw bad_alloc: here that
+    // is an allocation failing, which callers expect.
+    void*& head = cache_[capacity];
+    if (head != nullptr) {
+      ptr = head;
+      head = *static_cast<void**>(ptr);
       cached_bytes_ -= static_cast<int64_t>(capacity);
     }
   }
@@ -83,7 +88,13 @@ c10::DataPtr BudgetAllocator::allocate(size_t bytes) {
                      format_bytes(static_cast<int64_t>(capacity)));
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  live_.emplace(ptr, Block{bytes, capacity, counted});
+  try {
+    live_.emplace(ptr, Block{bytes, capacity, counted});
+  } catch (const std::bad_alloc&) {
+    std::free(ptr);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "out of host memory: cannot track a block of ",
+                     format_bytes(static_cast<int64_t>(capacity)));
+  }
   if (counted) {
     live_bytes_ += static_cast<int64_t>(bytes);
     if (live_bytes_ > peak_bytes_) peak_bytes_ = live_bytes_;
@@ -95,18 +106,28 @@ void BudgetAllocator::free_block(void* ptr) {
   if (ptr != nullptr) g_installed->release(ptr);
 }
 
-void BudgetAllocator::release(void* ptr) {
+// Runs inside tensors' destructors: it must neither allocate nor throw
+// (a bad_alloc here would end the process). The cache is a free list per
+// size threaded through the freed blocks themselves (each at least 512
+// bytes), and the list's head was made when the size was first allocated.
+void BudgetAllocator::release(void* ptr) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = live_.find(ptr);
-  TORCH_INTERNAL_ASSERT(it != live_.end(), "BudgetAllocator: freeing an unknown block");
+  if (it == live_.end()) {
+    std::fprintf(stderr, "BudgetAllocator: freeing a block it did not allocate\n");
+    std::abort();
+  }
   const Block block = it->second;
   live_.erase(it);
   if (block.counted) live_bytes_ -= static_cast<int64_t>(block.bytes);
   // The cache is bounded by the peak: it never more than doubles what the
   // workload itself needs.
   const auto capacity = static_cast<int64_t>(block.capacity);
-  if (caching_ && cached_bytes_ + capacity <= std::max(peak_bytes_, live_bytes_)) {
-    cache_[block.capacity].push_back(ptr);
+  const auto head = cache_.find(block.capacity);
+  if (caching_ && head != cache_.end() &&
+      cached_bytes_ + capacity <= std::max(peak_bytes_, live_bytes_)) {
+    *static_cast<void**>(ptr) = head->second;
+    head->second = ptr;
     cached_bytes_ += capacity;
   } else {
     std::free(ptr);
@@ -160,10 +181,14 @@ void BudgetAllocator::release_cached() {
 }
 
 void BudgetAllocator::release_cached_locked() {
-  for (auto& [capacity, blocks] : cache_) {
-    for (void* ptr : blocks) std::free(ptr);
+  // The lists' heads stay (as null) so that release() finds them.
+  for (auto& [capacity, head] : cache_) {
+    while (head != nullptr) {
+      void* next = *static_cast<void**>(head);
+      std::free(head);
+      head = next;
+    }
   }
-  cache_.clear();
   cached_bytes_ = 0;
 }
 

@@ -1,4 +1,6 @@
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <sched.h>
 #include <unistd.h>
 
@@ -104,7 +106,10 @@ std::vector<Sample> ProcessCpuSampler::read() {
   sample.device = "cpu";
   const double wall_s = now.time_s - last_.time_s;
   if (wall_s >= kMinUtilizationWindowS) {
-    sample.utilization_percent = 100.0 * (now.cpu_s - last_.cpu_s) / (wall_s * cores_);
+    // CPU time comes in clock ticks (10 ms) and the window is short, so a
+    // busy process can read 101-122 %; the documented scale ends at 100 %.
+    sample.utilization_percent =
+        std::clamp(100.0 * (now.cpu_s - last_.cpu_s) / (wall_s * cores_), 0.0, 100.0);
     if (now.energy_j && last_.energy_j) {
       sample.power_watts = (*now.energy_j - *last_.energy_j) / wall_s;
     }

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "common/json_depth.h"
 
 namespace batchtune {
 namespace {
@@ -19,6 +21,12 @@ constexpr int64_t kMaxRuleWarmupSteps = 500;
 std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
 
 }  // namespace
+
+std::optional<int64_t> checked_product(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product) || product > kMaxPlanCount) return std::nullopt;
+  return product;
+}
 
 std::string lr_scaling_name(LrScaling scaling) {
   switch (scaling) {
@@ -103,8 +111,28 @@ Plan make_plan(const PlanOptions& o) {
   if (!(o.base_lr() > 0) || !std::isfinite(o.base_lr())) {
     throw Error(fmt::format("--base-lr: must be positive, got {}", o.base_lr()));
   }
+  if (o.base_lr() > kMaxLearningRate) {
+    throw Error(fmt::format("--base-lr: must be at most {:g}, got {:g}", kMaxLearningRate,
+                            o.base_lr()));
+  }
   if (o.base_batch() < 0) {
     throw Error(fmt::format("--base-batch: must be at least 1, got {}", o.base_batch()));
+  }
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--batch-size", o.micro_batch_size()},
+                                    {"--world-size", o.world_size()},
+                                    {"--target-batch", o.target_batch()},
+                                    {"--base-batch", o.base_batch()},
+                                    {"--warmup", o.warmup_steps()}}) {
+    if (value > kMaxPlanCount) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, value));
+    }
+  }
+  if (o.workers() > kMaxWorkers) {
+    throw Error(fmt::format("--workers: must be at most {}, got {}", kMaxWorkers, o.workers()));
+  }
+  if (o.prefetch() > kMaxPrefetch) {
+    throw Error(fmt::format("--prefetch: must be at most {} batches per worker, got {}",
+                            kMaxPrefetch, o.prefetch()));
   }
   if (o.amp() == AmpMode::kAuto) {
     throw Error("--amp: auto must be resolved (choose_amp) before a plan is made");
@@ -115,7 +143,13 @@ Plan make_plan(const PlanOptions& o) {
   Plan plan;
   plan.micro_batch_size = o.micro_batch_size();
   plan.world_size = o.world_size();
-  const int64_t per_step = plan.micro_batch_size * plan.world_size;
+  const std::optional<int64_t> per_step_checked =
+      checked_product(plan.micro_batch_size, plan.world_size);
+  if (!per_step_checked) {
+    throw Error(fmt::format("--batch-size: {} x {} processes is more than {} samples per step",
+                            plan.micro_batch_size, plan.world_size, kMaxPlanCount));
+  }
+  const int64_t per_step = *per_step_checked;
   if (o.target_batch() == 0) {
     plan.accumulation_steps = 1;
     plan.set_reason(PlanField::kGlobalBatch, fmt::format(
@@ -141,13 +175,25 @@ Plan make_plan(const PlanOptions& o) {
               static_cast<double>(o.target_batch())));
     }
   }
-  plan.global_batch_size = per_step * plan.accumulation_steps;
+  const std::optional<int64_t> global = checked_product(per_step, plan.accumulation_steps);
+  if (!global) {
+    throw Error(fmt::format("--target-batch: {} is more than {} samples per step",
+                            o.target_batch(), kMaxPlanCount));
+  }
+  plan.global_batch_size = *global;
 
   const int64_t base_batch = o.base_batch() > 0 ? o.base_batch() : per_step;
   const bool default_scaling = o.lr_scaling().empty();
   plan.lr_scaling = default_scaling ? default_lr_scaling(o.optimizer())
                                     : parse_lr_scaling(o.lr_scaling());
   plan.lr = scale_lr(o.base_lr(), base_batch, plan.global_batch_size, plan.lr_scaling);
+  if (!(plan.lr <= kMaxLearningRate)) {
+    throw Error(fmt::format("--base-lr: {:g} scaled {} from batch {} to {} gives lr {:g}, above "
+                            "{:g}; give a smaller --base-lr or --target-batch, or "
+                            "--lr-scaling none",
+                            o.base_lr(), lr_scaling_name(plan.lr_scaling), base_batch,
+                            plan.global_batch_size, plan.lr, kMaxLearningRate));
+  }
   const std::string scaling_why =
       default_scaling
           ? fmt::format(" ({} is the default for {}{})", lr_scaling_name(plan.lr_scaling),
@@ -272,11 +318,16 @@ class PlanReader {
     return *it;
   }
 
-  int64_t integer(const std::string& name, int64_t min) const {
+  int64_t integer(const std::string& name, int64_t min, int64_t max = kMaxPlanCount) const {
     const auto& value = field(name);
     if (!value.is_number_integer()) fail(name, "must be an integer, got " + value.dump());
+    // Unsigned values past int64 would wrap in get<int64_t>().
+    if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(max)) {
+      fail(name, fmt::format("must be at most {}, got {}", max, value.dump()));
+    }
     const auto n = value.get<int64_t>();
     if (n < min) fail(name, fmt::format("must be at least {}, got {}", min, n));
+    if (n > max) fail(name, fmt::format("must be at most {}, got {}", max, n));
     return n;
   }
 
@@ -303,16 +354,27 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   plan.accumulation_steps = r.integer("accumulation_steps", 1);
   plan.world_size = r.integer("world_size", 1);
   plan.global_batch_size = r.integer("global_batch_size", 1);
-  if (plan.global_batch_size !=
-      plan.micro_batch_size * plan.accumulation_steps * plan.world_size) {
+  const auto per_step = checked_product(plan.micro_batch_size, plan.world_size);
+  const auto product = per_step ? checked_product(*per_step, plan.accumulation_steps)
+                                : std::nullopt;
+  if (!product) {
+    r.fail("global_batch_size",
+           fmt::format("micro_batch_size x accumulation_steps x world_size = {} x {} x {} is "
+                       "more than {}",
+                       plan.micro_batch_size, plan.accumulation_steps, plan.world_size,
+                       kMaxPlanCount));
+  }
+  if (plan.global_batch_size != *product) {
     r.fail("global_batch_size",
            fmt::format("must be micro_batch_size x accumulation_steps x world_size = {}, got {}",
-                       plan.micro_batch_size * plan.accumulation_steps * plan.world_size,
-                       plan.global_batch_size));
+                       *product, plan.global_batch_size));
   }
   const auto& lr = r.field("lr");
   if (!lr.is_number() || !(lr.get<double>() > 0) || !std::isfinite(lr.get<double>())) {
     r.fail("lr", "must be a positive number, got " + lr.dump());
+  }
+  if (lr.get<double>() > kMaxLearningRate) {
+    r.fail("lr", fmt::format("must be at most {:g}, got {}", kMaxLearningRate, lr.dump()));
   }
   plan.lr = lr.get<double>();
   try {
@@ -326,11 +388,11 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     r.fail("amp", "must be off, bf16 or fp16, got \"" + amp + "\"");
   }
   plan.amp = parse_amp(amp);
-  plan.workers = r.integer("workers", 0);
+  plan.workers = r.integer("workers", 0, kMaxWorkers);
   const auto& pin = r.field("pin_memory");
   if (!pin.is_boolean()) r.fail("pin_memory", "must be true or false, got " + pin.dump());
   plan.pin_memory = pin.get<bool>();
-  plan.prefetch = r.integer("prefetch", 0);
+  plan.prefetch = r.integer("prefetch", 0, kMaxPrefetch);
   if (json.contains("workload")) {
     const auto& w = json["workload"];
     if (!w.is_object()) r.fail("workload", "must be an object, got " + w.dump());
@@ -344,7 +406,8 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     plan.workload.device = text("device");
     if (w.contains("base_batch")) plan.workload.base_batch = wr.integer("base_batch", 0);
     if (w.contains("memory_limit_bytes")) {
-      plan.workload.memory_limit_bytes = wr.integer("memory_limit_bytes", 0);
+      plan.workload.memory_limit_bytes =
+          wr.integer("memory_limit_bytes", 0, std::numeric_limits<int64_t>::max());
     }
     if (w.contains("base_lr")) {
       const auto& v = w["base_lr"];
@@ -366,6 +429,7 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
 }
 
 Plan parse_plan_json(const std::string& text, const std::string& source) {
+  check_json_depth(text, source);
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(text);

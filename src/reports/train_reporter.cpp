@@ -43,9 +43,11 @@ nlohmann::json to_json(const TrainSummary& s) {
 void print_plan(std::ostream& out, const Plan& p) {
   out << fmt::format(
       "plan: micro-batch {} x {} accumulation x {} process(es) = global batch {}; lr {:.6g} "
-      "({} scaling), warm-up {} steps, amp {}\n",
+      "({}), warm-up {} steps, amp {}\n",
       p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
-      lr_scaling_name(p.lr_scaling), p.warmup_steps, amp_name(p.amp));
+      p.lr_scaling == LrScaling::kNone ? std::string("not scaled")
+                                       : lr_scaling_name(p.lr_scaling) + " scaling",
+      p.warmup_steps, amp_name(p.amp));
   for (const auto& reason : p.reasons) out << "  - " << reason.text << "\n";
 }
 

@@ -74,6 +74,9 @@ nlohmann::json to_json(const TuneResult& report) {
   out["diagnosis"] = {{"kind", report.diagnosis.kind}, {"text", report.diagnosis.text}};
   out["utilization_note"] =
       report.utilization_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(report.utilization_note);
+  out["utilization_details"] = report.utilization_details.empty()
+                                   ? nlohmann::json(nullptr)
+                                   : nlohmann::json(report.utilization_details);
   out["energy_note"] = report.energy_note.empty() ? nlohmann::json(nullptr)
                                                   : nlohmann::json(report.energy_note);
   out["noise_scale"] = report.noise ? optional_json(report.noise->noise_scale) : nlohmann::json();

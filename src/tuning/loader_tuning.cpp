@@ -11,6 +11,7 @@
 #include "batchtune/data/dataset.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/data/loader.h"
 #include "batchtune/step/trial.h"
 
@@ -62,7 +63,10 @@ std::vector<LoaderRow> time_loaders(const std::function<LoaderRow(int64_t, bool)
                                     const std::vector<int64_t>& grid, bool cuda) {
   std::vector<LoaderRow> rows;
   for (int64_t workers : grid) {
+    // Every setting is a second or more of training: a signal stops here.
+    throw_if_interrupted();
     rows.push_back(measure(workers, false));
+    throw_if_interrupted();
     if (cuda) rows.push_back(measure(workers, true));
   }
   return rows;
@@ -195,7 +199,15 @@ void set_pipeline_reason(Plan& plan, const std::string& why) {
   plan.set_reason(PlanField::kInputPipeline, text);
 }
 
-std::string input_diagnosis(double data_wait_fraction, int64_t workers, double max_wait) {
+std::string input_diagnosis(double data_wait_fraction, int64_t workers, double max_wait,
+                            bool loader_tuned) {
+  if (data_wait_fraction >= max_wait && loader_tuned) {
+    return fmt::format("input-bound: the step waited for data {:.1f} % of the time with {} "
+                       "loader worker(s), the best of the counts timed; the input pipeline or "
+                       "the cores are the bottleneck (smaller or pre-resized images, or more "
+                       "cores)",
+                       100 * data_wait_fraction, workers);
+  }
   if (data_wait_fraction >= max_wait) {
     return fmt::format("input-bound: the step waited for data {:.1f} % of the time with {} "
                        "loader worker(s); run tune with --data to pick --workers, or raise it",

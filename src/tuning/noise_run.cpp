@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/plan/plan.h"
@@ -56,6 +57,8 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
   snapshot.restore();
   for (size_t i = 0; i < lrs.size(); ++i) optimizer.param_groups()[i].options().set_lr(lrs[i]);
   memory.release_cached();
+  // A run a signal stopped is no measurement: the caller marks its run incomplete.
+  throw_if_interrupted();
   if (!out.noise_scale) {
     out.note = out.measurements == 0
                    ? "no measurement was made"

@@ -26,13 +26,26 @@ void validate(const PlanRequest& r) {
   if (r.base_lr && !(*r.base_lr > 0)) {
     throw Error(fmt::format("--base-lr: must be positive, got {}", *r.base_lr));
   }
-  if (r.workers && *r.workers < 0) {
-    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
-                            *r.workers));
+  if (r.workers && (*r.workers < 0 || *r.workers > kMaxWorkers)) {
+    throw Error(fmt::format("--workers: must be 0 (load on the training thread) to {}, got {}",
+                            kMaxWorkers, *r.workers));
   }
-  if (r.prefetch && *r.prefetch < 0) {
-    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
-                            *r.prefetch));
+  if (r.prefetch && (*r.prefetch < 0 || *r.prefetch > kMaxPrefetch)) {
+    throw Error(fmt::format("--prefetch: must be 0 to {} batches per worker, got {}",
+                            kMaxPrefetch, *r.prefetch));
+  }
+  for (const auto& [name, value] : {std::pair{"--batch-size", r.micro_batch_size},
+                                    std::pair{"--target-batch", r.target_batch},
+                                    std::pair{"--base-batch", r.base_batch},
+                                    std::pair{"--warmup", r.warmup_steps}}) {
+    if (value && *value > kMaxPlanCount) {
+      throw Error(fmt::format("{}: must be at most {}, got {}", name, kMaxPlanCount, *value));
+    }
+  }
+  for (const auto& [name, value] : {std::pair{"--base-lr", r.base_lr}, std::pair{"--lr", r.lr}}) {
+    if (value && !(*value <= kMaxLearningRate)) {
+      throw Error(fmt::format("{}: must be at most {:g}, got {:g}", name, kMaxLearningRate, *value));
+    }
   }
   if (r.world_size < 1) {
     throw Error(fmt::format("world size: must be at least 1, got {}", r.world_size));
@@ -104,6 +117,7 @@ Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
   }
   if (request.lr) {
     plan.lr = *request.lr;
+    plan.lr_scaling = LrScaling::kNone;  // as asked, not scaled
     plan.set_reason(PlanField::kLr, fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr));
   }
   plan.workload = describe_workload(workload, memory, request);

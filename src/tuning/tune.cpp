@@ -8,6 +8,7 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/size.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/memory/device_memory.h"
@@ -157,6 +158,13 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& 
 }
 
 void check_tune_options(const TuneOptions& options) {
+  if (options.search().max_batch() > kMaxPlanCount) {
+    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
+                            options.search().max_batch()));
+  }
+  if (!(options.margin() >= 0 && options.margin() < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", options.margin()));
+  }
   if (!(options.time_budget_s() > 0)) {
     throw Error(fmt::format("--time-budget: must be positive seconds, got {}",
                             options.time_budget_s()));
@@ -180,6 +188,21 @@ void check_tune_options(const TuneOptions& options) {
   if (options.monitor() != nullptr) {
     check_energy_readable(options.objective(), options.monitor()->sampler().unavailable_reason());
   }
+}
+
+/// Bad input, not a result: the workload does not fit at all. Says how much
+/// the smallest batch tried needed.
+std::string no_fit_message(const SearchResult& search, const DeviceMemory& memory, double margin) {
+  const auto smallest = std::min_element(
+      search.trials.begin(), search.trials.end(),
+      [](const TrialResult& a, const TrialResult& b) { return a.batch_size < b.batch_size; });
+  std::string needed = fmt::format("its peak reached {}", format_bytes(smallest->peak_bytes));
+  if (!smallest->error.empty()) needed += ": " + first_line(smallest->error);
+  return fmt::format(
+      "--memory-limit: not even batch {} fits in the {} usable ({} capacity less the {:.0f} % "
+      "margin); {}; give a larger --memory-limit, a smaller --margin or a smaller model",
+      smallest->batch_size, format_bytes(memory.usable_bytes()),
+      format_bytes(memory.capacity_bytes()), 100 * margin, needed);
 }
 
 /// The tune, once the runner exists: everything after the precision.
@@ -219,6 +242,9 @@ class Pipeline {
       }
     } catch (const Stopped& stopped) {
       keep_partial_results(r, searched_, swept_, options_.search().strategy(), stopped.why);
+    } catch (const Interrupted&) {
+      // A signal inside a phase that polls it itself (the noise run, loader tuning).
+      keep_partial_results(r, searched_, swept_, options_.search().strategy(), interrupt_name());
     }
     finish_monitor();
     reporter_.finished(r);
@@ -281,15 +307,8 @@ class Pipeline {
     }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
-    if (result_.search.max_batch_size < 1) {
-      const auto& trials = result_.search.trials;
-      const int64_t needed = trials.empty() ? 0 : trials.front().peak_bytes;
-      throw Error(fmt::format(
-          "--memory-limit: not even batch size 1 fits in {} usable bytes{}; give more memory, "
-          "a smaller --margin or a smaller model",
-          runner_.memory().usable_bytes(),
-          needed > runner_.memory().usable_bytes() ? fmt::format(" (it needed {} bytes)", needed)
-                                                   : std::string()));
+    if (result_.search.max_batch_size < 1 && !result_.search.trials.empty()) {
+      throw Error(no_fit_message(result_.search, runner_.memory(), runner_.margin()));
     }
   }
 
@@ -344,11 +363,14 @@ class Pipeline {
                                       : "no monitor";
     apply_energy(r, options_.eta(), sampler_reason);
     r.diagnosis = diagnose(r.sweep, r.selection, options_.tolerance());
-    if (r.search.hit_max_batch && r.diagnosis.kind == "small-batch-bound") {
-      r.diagnosis.text = fmt::format(
-          "throughput still rises at the largest batch tried, {}, which is the --max-batch cap "
-          "(not the memory): raise --max-batch",
-          r.search.max_batch_size);
+    // A batch that --max-batch capped says nothing of memory or precision.
+    const bool bounded =
+        r.diagnosis.kind == "small-batch-bound" || r.diagnosis.kind == "memory-bound";
+    if (r.search.hit_max_batch && bounded) {
+      r.diagnosis = {"max-batch-bound",
+                     fmt::format("max-batch-bound: the search stopped at {}, the --max-batch cap, "
+                                 "before memory ran out; raise --max-batch to try larger batches",
+                                 options_.search().max_batch())};
     }
     if (r.objective == Objective::kGoodput) {
       const double seconds = budget_.begin_phase(kNoiseBudgetShare);
@@ -448,7 +470,8 @@ class Pipeline {
     end_phase(TunePhase::kLoader);
     if (r.loader.choice && !options_.plan().workers) apply_loader_choice(plan, *r.loader.choice);
     if (const auto wait = chosen_wait(r.loader); wait && *wait >= kInputBoundWait) {
-      r.diagnosis = {"input-bound", input_diagnosis(*wait, r.loader.choice->workers)};
+      r.diagnosis = {"input-bound", input_diagnosis(*wait, r.loader.choice->workers,
+                                                    kInputBoundWait, /*loader_tuned=*/true)};
     }
     check_stop();
   }
@@ -467,11 +490,21 @@ class Pipeline {
         r.timeline.push_back({sample.time_s - start, sample.utilization_percent});
       }
     }
-    r.utilization_note = monitor->sampler().describe();
+    // One short line on the console; the reasons (~400 characters of NVML
+    // and RAPL errors) go to utilization_details.
+    r.utilization_details = monitor->sampler().describe();
+    r.utilization_note = r.utilization_details;
     const std::string missing = monitor->sampler().unavailable_reason();
-    if (!missing.empty()) r.utilization_note += "; n/a: " + missing;
+    if (!missing.empty()) {
+      r.utilization_details += "; n/a: " + missing;
+      r.utilization_note += "; n/a: " + missing.substr(0, missing.find(": "));
+    }
     if (runner_.memory().device().is_cpu()) {
-      r.utilization_note += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+      r.utilization_details += "; GPU utilization unavailable: " + gpu_unavailable_reason();
+      r.utilization_note += "; no GPU";
+    }
+    if (r.utilization_note != r.utilization_details) {
+      r.utilization_note += " (why: utilization_details in --json)";
     }
   }
 

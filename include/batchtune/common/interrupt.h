@@ -5,7 +5,7 @@
 
 namespace batchtune {
 
-/// Ctrl-C (SIGINT) and SIGTERM as a request to stop at the next safe point
+/// Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed) as a request to stop at the next safe point
 /// rather than a kill: while an `InterruptHandler` is alive, the first such
 /// signal only sets a flag that long loops poll (between trials, between
 /// optimizer steps); they then write what they have, marked incomplete. A
@@ -27,14 +27,14 @@ class InterruptHandler {
   InterruptHandler& operator=(const InterruptHandler&) = delete;
 };
 
-/// Whether SIGINT or SIGTERM arrived under an `InterruptHandler`.
+/// Whether SIGINT, SIGTERM or SIGHUP arrived under an `InterruptHandler`.
 bool interrupt_requested();
 /// The signal that asked to stop, or 0 when none did.
 int interrupt_signal();
 /// 128 + the signal, as a shell reports a process a signal ended: 130 for
-/// SIGINT, 143 for SIGTERM. 0 when no signal arrived.
+/// SIGINT, 143 for SIGTERM, 129 for SIGHUP. 0 when no signal arrived.
 int interrupt_exit_code();
-/// "SIGINT" or "SIGTERM" (or "signal N"), for messages and JSON.
+/// "SIGINT", "SIGTERM" or "SIGHUP" (or "signal N"), for messages and JSON.
 std::string interrupt_name();
 
 /// Raises a stop request as the signal would (tests, and code that must stop

@@ -6,6 +6,9 @@
 
 namespace batchtune {
 
+/// A sample with more elements than this is a typo, not a workload.
+constexpr int64_t kMaxElementsPerSample = int64_t{1} << 32;
+
 /// Parses a per-sample shape written as dimensions joined by `x`
 /// (`3x64x64`, `784`). Every dimension must be a positive integer.
 /// Throws `batchtune::Error` naming `what` (the flag) otherwise.

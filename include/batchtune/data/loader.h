@@ -80,6 +80,7 @@ class Loader {
   };
   Batch build(const Task& task) const;
   void work();
+  void stop_workers();
   /// Queues batches until `workers × prefetch` are ahead or there are no more.
   void refill();
 

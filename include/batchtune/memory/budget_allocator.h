@@ -84,7 +84,7 @@ class BudgetAllocator final : public c10::Allocator {
  private:
   BudgetAllocator() = default;
   static void free_block(void* ptr);
-  void release(void* ptr);
+  void release(void* ptr) noexcept;
   void release_cached_locked();
 
   struct Block {
@@ -95,7 +95,9 @@ class BudgetAllocator final : public c10::Allocator {
 
   mutable std::mutex mutex_;
   std::unordered_map<void*, Block> live_;
-  std::unordered_map<size_t, std::vector<void*>> cache_;
+  /// Freed blocks by capacity: the head of a list linked through the
+  /// blocks' first bytes (null when empty).
+  std::unordered_map<size_t, void*> cache_;
   int64_t budget_ = kUnlimited;
   int64_t live_bytes_ = 0;
   int64_t peak_bytes_ = 0;

@@ -4,6 +4,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,22 @@ constexpr int64_t kWarmupStepsPerLrDoubling = 20;
 /// prefetched two ahead, as PyTorch's DataLoader does per worker.
 constexpr int64_t kDefaultWorkers = 0;
 constexpr int64_t kDefaultPrefetch = 2;
+/// Loader threads at most: each is a thread and a batch in flight, and past a
+/// few per core they only contend (no host we know of has 256 cores to spare
+/// for decoding); 40000 would exhaust the process's threads.
+constexpr int64_t kMaxWorkers = 256;
+/// Batches built ahead per worker at most: each one is host memory.
+constexpr int64_t kMaxPrefetch = 64;
+/// Batch sizes, accumulation steps, world sizes, global batches and warm-up
+/// steps above this are typos: 2^40 samples per step is far past any device.
+/// Products of them are computed with overflow checks.
+constexpr int64_t kMaxPlanCount = int64_t{1} << 40;
+/// Learning rates above this are typos (and past float32's range they are
+/// inf inside the optimizer).
+constexpr double kMaxLearningRate = 1e3;
+
+/// `a × b`, or nullopt when it would pass `kMaxPlanCount` (or overflow).
+std::optional<int64_t> checked_product(int64_t a, int64_t b);
 
 /// What a plan reason explains: each value of a plan has one reason, which
 /// says where the value came from.

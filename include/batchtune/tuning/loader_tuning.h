@@ -103,9 +103,10 @@ void set_pipeline_reason(Plan& plan, const std::string& why);
 
 /// Whether a run waited for data: "input-bound: ..." when the wait is at
 /// least `max_wait` of the step (saying what to change), else "not
-/// input-bound: ...".
+/// input-bound: ...". `loader_tuned`: the worker counts were already timed
+/// (tune --data), so the advice is not to run that again.
 std::string input_diagnosis(double data_wait_fraction, int64_t workers,
-                            double max_wait = kInputBoundWait);
+                            double max_wait = kInputBoundWait, bool loader_tuned = false);
 
 nlohmann::json to_json(const LoaderRow& row);
 nlohmann::json to_json(const std::vector<LoaderRow>& rows);

@@ -90,7 +90,9 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective,
 
 /// What holds throughput back, as a kind and a sentence.
 struct Diagnosis {
-  std::string kind;  ///< compute-bound, input-bound, memory-bound, small-batch-bound
+  /// compute-bound, input-bound, memory-bound, small-batch-bound; tune adds
+  /// max-batch-bound (the --max-batch cap, not memory, stopped the search)
+  std::string kind;
   std::string text;
 };
 

@@ -69,8 +69,11 @@ struct TuneResult {
   int64_t usable_bytes = 0;
   double margin = 0;
   std::vector<UtilizationPoint> timeline;
-  /// Why utilization is missing, when it is ("libnvidia-ml.so.1 not found").
+  /// How utilization was read, in one short line, and what is missing.
   std::string utilization_note;
+  /// The same with every reason a reading is unavailable (NVML's and RAPL's
+  /// errors in full).
+  std::string utilization_details;
   /// False when the run was stopped (an interrupt) before it finished:
   /// what was measured until then is kept.
   bool complete = true;
