@@ -24,6 +24,7 @@
 #include "batchtune/data/loader.h"
 #include "batchtune/common/shape.h"
 #include "batchtune/common/size.h"
+#include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 
 namespace batchtune {
@@ -209,6 +210,7 @@ void Trainer::train_step(const Batch& batch) {
   for (;;) {
     optimizer.zero_grad(/*set_to_none=*/true);
     std::string oom_message;
+    const int64_t ooms_before = memory_.oom_count();
     try {
       const int64_t noise_batch =
           options_.measure_noise_scale()
@@ -221,7 +223,11 @@ void Trainer::train_step(const Batch& batch) {
                                                      noise_, &data_seconds_)
               : accumulate_gradients(workload_, batch, plan_.micro_batch_size, plan_.amp,
                                      scaler_, device, &data_seconds_);
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const c10::Error& e) {
+      // Out of memory under any name (see classify_step_failure); else rethrown.
+      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
+        throw;
+      }
       // Free what the failed step held, then retry the same samples in
       // micro-batches half as large: the logical batch stays the same.
       oom_message = first_line(e.what_without_backtrace());
@@ -257,10 +263,15 @@ void Trainer::train_step(const Batch& batch) {
   }
   data_parallel_.average_gradients(workload_.model().parameters());
   set_learning_rate(optimizer, scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
+  const int64_t ooms_before_step = memory_.oom_count();
   try {
     scaler_.step(optimizer);
     scaler_.update();
-  } catch (const c10::OutOfMemoryError& e) {
+  } catch (const c10::Error& e) {
+    if (classify_step_failure(e, ooms_before_step, memory_.oom_count()) !=
+        StepFailure::kOutOfMemory) {
+      throw;
+    }
     // Halving the micro-batch does not shrink the optimizer step, and a step
     // that failed half-way has updated some parameters: nothing to retry.
     throw Error(fmt::format("train: out of memory in the optimizer step (step {}): {}; the "
@@ -289,6 +300,7 @@ double Trainer::evaluate() {
     const int64_t end = std::min(last, begin + batch);
     std::vector<int64_t> indices(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) indices[static_cast<size_t>(i - begin)] = i;
+    const int64_t ooms_before = memory_.oom_count();
     try {
       const Batch b = to_device(test_->get_batch(indices), device, false);
       at::Tensor logits;
@@ -298,7 +310,10 @@ double Trainer::evaluate() {
       }
       correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
       begin = end;
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const c10::Error& e) {
+      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
+        throw;
+      }
       memory_.release_cached();
       if (batch == 1) {
         workload_.model().train(true);
@@ -433,6 +448,7 @@ TrainSummary Trainer::run() {
   s.global_batch_size = plan_.global_batch_size;
   s.world_size = plan_.world_size;
   s.skipped_steps = scaler_.skipped_steps();
+  if (scaler_.enabled()) s.loss_scale = scaler_.current_scale();
   s.seconds = train_seconds_;
   s.samples_per_s =
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
