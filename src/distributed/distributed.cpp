@@ -152,9 +152,15 @@ class C10dCommunicator final : public Communicator {
     wake_.notify_all();
     heartbeat_.join();
     // A NCCL group destroyed without shutdown() first warns and may leak or
-    // hang its communicator; Gloo's shutdown() does nothing.
+    // hang its communicator; after a failed collective a peer is gone and a
+    // clean shutdown could wait for it, so the communicator is aborted
+    // instead. Gloo's shutdown() and abort() do nothing.
     try {
-      backend_->shutdown();
+      if (failed_) {
+        backend_->abort();
+      } else {
+        backend_->shutdown();
+      }
     } catch (const std::exception& e) {
       fmt::print(stderr, "batchtune: rank {}: shutting the {} group down: {}\n", env_.rank,
                  name_, first_line(e.what()));
@@ -204,6 +210,7 @@ class C10dCommunicator final : public Communicator {
 
   /// The error of a failed collective, with the rank(s) to blame.
   [[noreturn]] void fail(const std::string& what) {
+    failed_ = true;
     throw RankFailure(fmt::format("rank {}: a collective failed ({}); {}", env_.rank,
                                   first_line(what), diagnose()));
   }
@@ -299,6 +306,7 @@ class C10dCommunicator final : public Communicator {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::atomic<bool> failed_{false};  ///< a collective failed: abort, not shut down
   std::thread heartbeat_;
 };
 
