@@ -35,7 +35,8 @@ int main() {
   // model's own bytes count too.
   batchtune::BudgetAllocator::install();
   const c10::Device device = batchtune::parse_device("auto");  // a GPU where there is one
-  auto memory = batchtune::make_device_memory(device, int64_t{256} << 20);  // 256 MiB
+  // 1 GiB: a GPU that size (on CUDA the CUDA context counts towards it too).
+  auto memory = batchtune::make_device_memory(device, int64_t{1} << 30);
 
   // What is trained: the model, one 1x28x28 float input with 10 classes
   // (cross-entropy), and Adam.

@@ -80,10 +80,12 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
                           "oom_recoveries", "micro_batch_size", "accumulation_steps",
                           "global_batch_size", "world_size", "seconds", "samples_per_s",
                           "noise_scale", "complete", "interrupted_by", "skipped_samples",
-                          "data_wait_fraction", "input_bound"}) {
+                          "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 18U);
+  EXPECT_EQ(json.size(), 20U);
+  EXPECT_EQ(json["skipped_steps"], 0);
+  EXPECT_TRUE(json["loss_scale"].is_null()) << "no loss scaler without fp16";
   EXPECT_EQ(json["complete"], true);
   EXPECT_TRUE(json["noise_scale"].is_number()) << "accumulation measures it every step";
   EXPECT_EQ(json["skipped_samples"], 0);

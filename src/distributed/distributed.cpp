@@ -16,6 +16,8 @@
 
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/common/error.h"
+#include "distributed/nccl_options.h"
+#include "memory/cuda_support.h"
 
 namespace batchtune {
 namespace {
@@ -95,10 +97,29 @@ class C10dCommunicator final : public Communicator {
     try {
       if (device.is_cuda()) {
 #ifdef BATCHTUNE_WITH_NCCL
+        // One GPU per rank: bind it before the group exists, so that NCCL's
+        // communicator, its streams and the watchdog live on it and no rank
+        // makes a context on GPU 0.
+        const c10::Device bound(c10::kCUDA, device.has_index()
+                                                ? device.index()
+                                                : static_cast<c10::DeviceIndex>(env.local_rank));
+        device_ = bound;
+        cuda::set_current_device(bound.index());
+        // Options::timeout applies only with blocking wait; without it a
+        // collective with a gone peer never throws from wait().
+        std::string note;
+        if (!prefer_nccl_blocking_wait(&note)) {
+          fmt::print(stderr, "batchtune: rank {}: {}\n", env.rank, note);
+        }
         auto options = c10d::ProcessGroupNCCL::Options::create();
         options->timeout = timeout;
-        backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+        auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
             store_, static_cast<int>(env.rank), static_cast<int>(env.world_size), options);
+        nccl->setBoundDeviceId(bound);
+        // The communicator forms now, inside --timeout, rather than at the
+        // first collective: a rank that never came is named here.
+        nccl->eagerConnectSingleDevice(bound);
+        backend_ = nccl;
         name_ = "nccl";
 #else
         throw Error(fmt::format("--device {}: this build has no NCCL (nccl.h was not found when "
@@ -130,6 +151,20 @@ class C10dCommunicator final : public Communicator {
     }
     wake_.notify_all();
     heartbeat_.join();
+    // A NCCL group destroyed without shutdown() first warns and may leak or
+    // hang its communicator; after a failed collective a peer is gone and a
+    // clean shutdown could wait for it, so the communicator is aborted
+    // instead. Gloo's shutdown() and abort() do nothing.
+    try {
+      if (failed_) {
+        backend_->abort();
+      } else {
+        backend_->shutdown();
+      }
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "batchtune: rank {}: shutting the {} group down: {}\n", env_.rank,
+                 name_, first_line(e.what()));
+    }
   }
 
   int64_t rank() const override { return env_.rank; }
@@ -175,6 +210,7 @@ class C10dCommunicator final : public Communicator {
 
   /// The error of a failed collective, with the rank(s) to blame.
   [[noreturn]] void fail(const std::string& what) {
+    failed_ = true;
     throw RankFailure(fmt::format("rank {}: a collective failed ({}); {}", env_.rank,
                                   first_line(what), diagnose()));
   }
@@ -270,6 +306,7 @@ class C10dCommunicator final : public Communicator {
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::atomic<bool> failed_{false};  ///< a collective failed: abort, not shut down
   std::thread heartbeat_;
 };
 

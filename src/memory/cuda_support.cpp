@@ -2,90 +2,27 @@
 // `devices()` reports none, with the driver's reason.
 #include "memory/cuda_support.h"
 
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <algorithm>
+#include <mutex>
 
 #include "batchtune/common/error.h"
-#include "batchtune/common/size.h"
+#include "memory/caching_allocator_memory.h"
+#include "monitoring/nvml_memory.h"
 
 namespace batchtune::cuda {
 namespace {
 
 using c10::CachingDeviceAllocator::StatType;
 
-class CudaMemory final : public DeviceMemory {
- public:
-  CudaMemory(int index, std::optional<int64_t> limit) : index_(index) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index_));
-    size_t free_bytes = 0;
-    size_t total_bytes = 0;
-    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    total_ = static_cast<int64_t>(total_bytes);
-    capacity_ = std::min<int64_t>(limit.value_or(total_), total_);
-    set_usable_bytes(capacity_);
-  }
-
-  c10::Device device() const override {
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index_));
-  }
-  int64_t capacity_bytes() const override { return capacity_; }
-  void set_usable_bytes(int64_t bytes) override {
-    usable_ = std::min(bytes, capacity_);
-    // The caching allocator then raises a real out-of-memory at the usable
-    // budget, exactly as a smaller GPU would.
-    c10::cuda::CUDACachingAllocator::setMemoryFraction(
-        static_cast<double>(usable_) / static_cast<double>(total_),
-        static_cast<c10::DeviceIndex>(index_));
-  }
-  int64_t usable_bytes() const override { return usable_; }
-  int64_t live_bytes() const override {
-    return stats().allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].current;
-  }
-  int64_t peak_bytes() const override {
-    return stats().reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
-  }
-  void reset_peak() override {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index_));
-  }
-  void release_cached() override { c10::cuda::CUDACachingAllocator::emptyCache(); }
-  void synchronize() override {
-    c10::cuda::device_synchronize();
-  }
-  std::string summary() const override {
-    const auto s = stats();
-    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
-    return fmt::format(
-        "cuda:{} caching allocator\n  allocated {} (peak {})\n  reserved  {} (peak {})\n"
-        "  usable    {} of {}\n  out-of-memory events {}, cudaMalloc retries {}",
-        index_, format_bytes(s.allocated_bytes[agg].current),
-        format_bytes(s.allocated_bytes[agg].peak), format_bytes(s.reserved_bytes[agg].current),
-        format_bytes(s.reserved_bytes[agg].peak), format_bytes(usable_),
-        format_bytes(capacity_), s.num_ooms, s.num_alloc_retries);
-  }
-
- private:
-  c10::CachingDeviceAllocator::DeviceStats stats() const {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(
-        static_cast<c10::DeviceIndex>(index_));
-  }
-
-  int index_;
-  int64_t total_ = 0;
-  int64_t capacity_ = 0;
-  int64_t usable_ = 0;
-};
-
-}  // namespace
-
-bool compiled() { return true; }
-
-std::vector<GpuInfo> devices(std::string* reason) {
+int device_count(std::string* reason) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -93,12 +30,90 @@ std::vector<GpuInfo> devices(std::string* reason) {
       *reason = fmt::format("no usable CUDA driver or device (cudaGetDeviceCount: {})",
                             cudaGetErrorString(status));
     }
-    (void)cudaGetLastError();  // clear the sticky error for later calls
-    return {};
+    (void)cudaGetLastError();  // clear the error for later calls
+    return 0;
   }
   if (count == 0 && reason != nullptr) *reason = "the CUDA driver reports 0 devices";
+  return count;
+}
+
+/// One CUDA device, through LibTorch's caching allocator.
+class CudaDevice final : public CudaDeviceApi {
+ public:
+  explicit CudaDevice(int index) : index_(static_cast<c10::DeviceIndex>(index)) {
+    std::string reason;
+    const int count = device_count(&reason);
+    if (count == 0) {
+      throw Error(fmt::format("--device cuda:{}: no CUDA device here ({}); use --device cpu",
+                              index, reason));
+    }
+    if (index < 0 || index >= count) {
+      throw Error(fmt::format("--device cuda:{}: there are only {} CUDA device(s), numbered "
+                              "from 0",
+                              index, count));
+    }
+    // LibTorch's CUDA state, the caching allocator's per-device state
+    // included, is made with the first CUDA tensor; until then the allocator
+    // refuses setMemoryFraction and its statistics ("Allocator not
+    // initialized for device"). A library user may make the memory first.
+    at::globalContext().lazyInitDevice(c10::kCUDA);
+    // Every later call on this thread (the model, the step, the
+    // synchronisation) then runs on this device, and no other device gets a
+    // context.
+    c10::cuda::set_device(index_);
+    total_ = static_cast<int64_t>(at::cuda::getDeviceProperties(index_)->totalGlobalMem);
+  }
+
+  int index() const override { return index_; }
+  int64_t total_bytes() const override { return total_; }
+  int64_t used_bytes() const override {
+    c10::cuda::CUDAGuard guard(index_);
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(total_bytes) - static_cast<int64_t>(free_bytes);
+  }
+  AllocatorStats stats() const override {
+    const auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(index_);
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    AllocatorStats out;
+    out.allocated_current = s.allocated_bytes[agg].current;
+    out.allocated_peak = s.allocated_bytes[agg].peak;
+    out.reserved_current = s.reserved_bytes[agg].current;
+    out.reserved_peak = s.reserved_bytes[agg].peak;
+    out.num_ooms = s.num_ooms;
+    out.num_alloc_retries = s.num_alloc_retries;
+    return out;
+  }
+  void set_memory_fraction(double fraction) override {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index_);
+  }
+  void reset_peak_stats() override {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index_);
+  }
+  void empty_cache() override { c10::cuda::CUDACachingAllocator::emptyCache(); }
+  void synchronize() override {
+    // device_synchronize() waits on the current device: make it this one.
+    c10::cuda::CUDAGuard guard(index_);
+    c10::cuda::device_synchronize();
+  }
+
+ private:
+  c10::DeviceIndex index_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+bool compiled() { return true; }
+
+std::vector<GpuInfo> devices(std::string* reason) {
+  const int count = device_count(reason);
   std::vector<GpuInfo> gpus;
+  std::vector<std::string> bus_ids;
   for (int i = 0; i < count; ++i) {
+    // Device properties and PCI ids come from the driver without a context;
+    // cudaMemGetInfo would make one on every GPU (hundreds of MiB each).
     cudaDeviceProp prop{};
     C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
     GpuInfo gpu;
@@ -107,14 +122,11 @@ std::vector<GpuInfo> devices(std::string* reason) {
     gpu.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
     gpu.compute_major = prop.major;
     gpu.compute_minor = prop.minor;
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(i));
-    size_t free_bytes = 0;
-    size_t total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      gpu.free_bytes = static_cast<int64_t>(free_bytes);
-    }
     gpus.push_back(gpu);
+    bus_ids.push_back(pci_bus_id(i));
   }
+  const auto free = nvml_free_bytes(bus_ids);
+  for (size_t i = 0; i < gpus.size(); ++i) gpus[i].free_bytes = free[i];
   return gpus;
 }
 
@@ -134,7 +146,21 @@ std::string driver_version() {
 }
 
 std::unique_ptr<DeviceMemory> make_memory(int index, std::optional<int64_t> limit) {
-  return std::make_unique<CudaMemory>(index, limit);
+  return make_caching_allocator_memory(std::make_unique<CudaDevice>(index), limit);
+}
+
+void set_current_device(int index) { c10::cuda::set_device(static_cast<c10::DeviceIndex>(index)); }
+
+at::Tensor generator_state(int index) {
+  auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_generator_state(int index, const at::Tensor& state) {
+  auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(index));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
 }
 
 }  // namespace batchtune::cuda

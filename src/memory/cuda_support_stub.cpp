@@ -24,4 +24,10 @@ std::unique_ptr<DeviceMemory> make_memory(int index, std::optional<int64_t>) {
       index));
 }
 
+void set_current_device(int) {}
+
+at::Tensor generator_state(int) { return {}; }
+
+void set_generator_state(int, const at::Tensor&) {}
+
 }  // namespace batchtune::cuda

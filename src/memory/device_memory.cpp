@@ -30,6 +30,7 @@ class CpuBudgetMemory final : public DeviceMemory {
   int64_t live_bytes() const override { return budget_.live_bytes(); }
   int64_t peak_bytes() const override { return budget_.peak_bytes(); }
   void reset_peak() override { budget_.reset_peak(); }
+  int64_t oom_count() const override { return budget_.oom_count(); }
   void release_cached() override { budget_.release_cached(); }
   void synchronize() override {}
   std::string summary() const override {

@@ -7,6 +7,7 @@
 #include "batchtune/monitoring/sampler.h"
 #include "memory/cuda_support.h"
 #include "monitoring/nvml_api.h"
+#include "monitoring/nvml_memory.h"
 #include "common/shared_library.h"
 
 namespace batchtune {
@@ -203,6 +204,33 @@ class UnavailableSampler final : public Sampler {
 };
 
 }  // namespace
+
+std::vector<std::optional<int64_t>> nvml_free_bytes(const std::vector<std::string>& pci_bus_ids) {
+  std::vector<std::optional<int64_t>> free(pci_bus_ids.size());
+  if (pci_bus_ids.empty()) return free;
+  try {
+    SharedLibrary library(kNvmlLibrary);
+    const auto init = library.symbol<nvml::InitFn>("nvmlInit_v2");
+    const auto shutdown = library.symbol<nvml::ShutdownFn>("nvmlShutdown");
+    const auto by_bus_id =
+        library.symbol<nvml::DeviceGetHandleByPciBusIdFn>("nvmlDeviceGetHandleByPciBusId_v2");
+    const auto memory_info = library.symbol<nvml::DeviceGetMemoryInfoFn>("nvmlDeviceGetMemoryInfo");
+    if (init() != nvml::kSuccess) return free;
+    for (size_t i = 0; i < pci_bus_ids.size(); ++i) {
+      nvml::Device device = nullptr;
+      nvml::Memory memory{};
+      if (!pci_bus_ids[i].empty() &&
+          by_bus_id(pci_bus_ids[i].c_str(), &device) == nvml::kSuccess &&
+          memory_info(device, &memory) == nvml::kSuccess) {
+        free[i] = static_cast<int64_t>(memory.free);
+      }
+    }
+    shutdown();
+  } catch (const std::runtime_error&) {
+    // No NVML here: the free memory stays unknown.
+  }
+  return free;
+}
 
 std::unique_ptr<Sampler> make_nvml_sampler(const std::vector<int>& cuda_indices,
                                            const std::string& library) {

@@ -15,7 +15,8 @@ void print_environment(std::ostream& out, const Environment& env) {
     for (const auto& gpu : env.gpus) {
       fmt::print(out, "  cuda:{}      {}, {} total, {} free, compute capability {}.{}\n",
                  gpu.index, gpu.name, format_bytes(gpu.total_bytes),
-                 format_bytes(gpu.free_bytes), gpu.compute_major, gpu.compute_minor);
+                 gpu.free_bytes ? format_bytes(*gpu.free_bytes) : "unknown",
+                 gpu.compute_major, gpu.compute_minor);
     }
   } else {
     fmt::print(out, "CUDA          no GPU: {}\n", env.cuda_reason);

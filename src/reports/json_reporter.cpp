@@ -36,7 +36,8 @@ nlohmann::json to_json(const Environment& env) {
     gpus.push_back({{"index", gpu.index},
                     {"name", gpu.name},
                     {"total_bytes", gpu.total_bytes},
-                    {"free_bytes", gpu.free_bytes},
+                    {"free_bytes", gpu.free_bytes ? nlohmann::json(*gpu.free_bytes)
+                                                  : nlohmann::json(nullptr)},
                     {"compute_capability",
                      std::to_string(gpu.compute_major) + "." + std::to_string(gpu.compute_minor)}});
   }

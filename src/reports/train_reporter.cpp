@@ -28,6 +28,8 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"final_loss", s.final_loss},
       {"test_accuracy", s.test_accuracy ? nlohmann::json(*s.test_accuracy) : nlohmann::json()},
       {"oom_recoveries", s.oom_recoveries},
+      {"skipped_steps", s.skipped_steps},
+      {"loss_scale", s.loss_scale ? nlohmann::json(*s.loss_scale) : nlohmann::json()},
       {"micro_batch_size", s.micro_batch_size},
       {"accumulation_steps", s.accumulation_steps},
       {"global_batch_size", s.global_batch_size},

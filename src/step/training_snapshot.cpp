@@ -6,10 +6,12 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <set>
 #include <sstream>
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
+#include "memory/cuda_support.h"
 
 namespace batchtune {
 namespace {
@@ -19,6 +21,18 @@ at::Tensor host_copy(const at::Tensor& t) {
   // Kept off the measured device: host memory, and not counted by the CPU budget.
   BudgetAllocator::UncountedScope uncounted;
   return t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+/// The CUDA devices the model's tensors are on, each once.
+std::vector<int> cuda_devices(Model& model) {
+  std::set<int> indices;
+  for (const auto& t : model.parameters()) {
+    if (t.is_cuda()) indices.insert(t.get_device());
+  }
+  for (const auto& t : model.buffers()) {
+    if (t.is_cuda()) indices.insert(t.get_device());
+  }
+  return {indices.begin(), indices.end()};
 }
 
 void copy_back(at::Tensor& target, const at::Tensor& saved) {
@@ -44,6 +58,9 @@ TrainingSnapshot::TrainingSnapshot(Model& model, torch::optim::Optimizer& optimi
     optimizer_state_.emplace(key, bytes.str());
   }
   generator_state_ = host_copy(at::detail::getDefaultCPUGenerator().get_state());
+  for (int index : cuda_devices(model_)) {
+    cuda_generator_states_.emplace_back(index, host_copy(cuda::generator_state(index)));
+  }
 }
 
 void TrainingSnapshot::restore() {
@@ -80,6 +97,7 @@ void TrainingSnapshot::restore() {
   }
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   generator.set_state(generator_state_);
+  for (const auto& [index, saved] : cuda_generator_states_) cuda::set_generator_state(index, saved);
 }
 
 }  // namespace batchtune

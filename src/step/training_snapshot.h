@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace torch::optim {
@@ -17,7 +18,9 @@ namespace batchtune {
 class Model;
 
 /// A host-side copy of everything a training step changes: parameters,
-/// gradients, buffers, optimizer state and the CPU random generator.
+/// gradients, buffers, optimizer state, the CPU random generator and the
+/// default CUDA generator of each CUDA device the model is on (dropout and
+/// random augmentation on the GPU draw from it).
 /// `restore()` puts it back bit for bit, in place, so that tensor identities
 /// (which the optimizer keys its state by) do not change.
 class TrainingSnapshot {
@@ -34,6 +37,8 @@ class TrainingSnapshot {
   /// Serialized state of each parameter that had optimizer state.
   std::unordered_map<void*, std::string> optimizer_state_;
   at::Tensor generator_state_;
+  /// (CUDA device index, its generator's state).
+  std::vector<std::pair<int, at::Tensor>> cuda_generator_states_;
 };
 
 }  // namespace batchtune

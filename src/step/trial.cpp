@@ -10,6 +10,7 @@
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/size.h"
+#include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 #include "step/training_snapshot.h"
 
@@ -23,23 +24,7 @@ double quantile(std::vector<double>& sorted, double q) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
 }
 
-// LibTorch errors that depend on the batch size, not on the model: the size
-// "does not run" and bounds the search; anything else is a real error.
-constexpr const char* kSizeRefusals[] = {
-    "Expected more than 1 value per channel when training",  // batch norm at batch 1
-    "invalid configuration argument",                        // CUDA grid too large
-    "CUDNN_STATUS_NOT_SUPPORTED",
-    "CUBLAS_STATUS_NOT_SUPPORTED",
-};
-
 }  // namespace
-
-bool is_size_refusal(const std::string& message) {
-  for (const char* refusal : kSizeRefusals) {
-    if (message.find(refusal) != std::string::npos) return true;
-  }
-  return false;
-}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -134,6 +119,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     subject.restore();
     memory_.release_cached();
   };
+  const int64_t ooms_before = memory_.oom_count();
   try {
     subject.prepare(options.batch_size());
     for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
@@ -168,12 +154,16 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.failure = TrialFailure::kOutOfMemory;
     result.error = first_line(e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    if (!is_size_refusal(e.what_without_backtrace())) {
+    // Memory under another name (cuDNN's engine search, cudaMalloc outside
+    // the caching allocator) or a size LibTorch refuses; else a real error.
+    const StepFailure kind = classify_step_failure(e, ooms_before, memory_.oom_count());
+    if (kind == StepFailure::kError) {
       put_back();
       throw;
     }
     result.fits = false;
-    result.failure = TrialFailure::kDoesNotRun;
+    result.failure =
+        kind == StepFailure::kOutOfMemory ? TrialFailure::kOutOfMemory : TrialFailure::kDoesNotRun;
     result.error = first_line(e.what_without_backtrace());
   } catch (...) {
     // Not a size limit (a shape mismatch...): the caller stops, but the

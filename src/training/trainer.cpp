@@ -24,6 +24,7 @@
 #include "batchtune/data/loader.h"
 #include "batchtune/common/shape.h"
 #include "batchtune/common/size.h"
+#include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 
 namespace batchtune {
@@ -151,9 +152,14 @@ void Trainer::train_step(const Batch& batch) {
   // run()); the ranks agree on an out-of-memory, so that all shrink together.
   for (;;) {
     std::string oom_message;
+    const int64_t ooms_before = memory_.oom_count();
     try {
       last_loss_tensor_ = training_step_.backward(batch, step_, &data_seconds_);
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const c10::Error& e) {
+      // Out of memory under any name (see classify_step_failure); else rethrown.
+      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
+        throw;
+      }
       // Free what the failed step held, then retry the same samples in
       // micro-batches half as large: the logical batch stays the same.
       oom_message = first_line(e.what_without_backtrace());
@@ -188,9 +194,14 @@ void Trainer::train_step(const Batch& batch) {
                      plan_.micro_batch_size));
   }
   data_parallel_.average_gradients(workload_.model().parameters());
+  const int64_t ooms_before_step = memory_.oom_count();
   try {
     training_step_.apply(scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
-  } catch (const c10::OutOfMemoryError& e) {
+  } catch (const c10::Error& e) {
+    if (classify_step_failure(e, ooms_before_step, memory_.oom_count()) !=
+        StepFailure::kOutOfMemory) {
+      throw;
+    }
     // Halving the micro-batch does not shrink the optimizer step, and a step
     // that failed half-way has updated some parameters: nothing to retry.
     throw Error(fmt::format("train: out of memory in the optimizer step (step {}): {}; the "
@@ -218,6 +229,7 @@ double Trainer::evaluate() {
     const int64_t end = std::min(last, begin + batch);
     std::vector<int64_t> indices(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) indices[static_cast<size_t>(i - begin)] = i;
+    const int64_t ooms_before = memory_.oom_count();
     try {
       const Batch b = to_device(test_->get_batch(indices), device, false);
       at::Tensor logits;
@@ -227,7 +239,10 @@ double Trainer::evaluate() {
       }
       correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
       begin = end;
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const c10::Error& e) {
+      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
+        throw;
+      }
       memory_.release_cached();
       if (batch == 1) {
         workload_.model().train(true);
@@ -362,6 +377,7 @@ TrainSummary Trainer::run() {
   s.global_batch_size = plan_.global_batch_size;
   s.world_size = plan_.world_size;
   s.skipped_steps = training_step_.scaler().skipped_steps();
+  if (training_step_.scaler().enabled()) s.loss_scale = training_step_.scaler().current_scale();
   s.seconds = train_seconds_;
   s.samples_per_s =
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;

@@ -20,24 +20,33 @@ class DeviceMemory {
   /// The device this memory belongs to.
   virtual c10::Device device() const = 0;
   /// Everything the device has for this process: the GPU's total memory
-  /// (or `--memory-limit` when smaller), or the CPU budget.
+  /// (or `--memory-limit` when smaller), or the CPU budget. On CUDA it counts
+  /// all the device memory the process holds, the CUDA context and memory
+  /// outside the caching allocator included (see `make_device_memory`).
   virtual int64_t capacity_bytes() const = 0;
   /// Sets how much of the capacity a trial may use (capacity less the
   /// margin). On CPU the emulated budget becomes this, so allocations past it
-  /// fail; on CUDA the caching allocator's memory fraction is set to it.
+  /// fail; on CUDA the caching allocator's memory fraction is set to it less
+  /// the memory outside the allocator and a headroom for its growth.
   virtual void set_usable_bytes(int64_t bytes) = 0;
   virtual int64_t usable_bytes() const = 0;
   /// Bytes held by live tensors now.
   virtual int64_t live_bytes() const = 0;
   /// Highest memory the device had to hold since `reset_peak()`: live bytes
-  /// on CPU, reserved bytes of the caching allocator on CUDA (what counts
-  /// towards an out-of-memory there).
+  /// on CPU; on CUDA the caching allocator's peak reserved bytes plus the
+  /// highest memory seen outside it (CUDA context, library workspaces, NCCL
+  /// buffers), read at each `synchronize()`.
   virtual int64_t peak_bytes() const = 0;
   virtual void reset_peak() = 0;
+  /// Allocations the device's allocator has refused since it was made (the
+  /// caching allocator's `num_ooms`, the budget allocator's refusals). A rise
+  /// during a step means the step ran out of memory, whatever error it ended
+  /// with (see `classify_step_failure`). 0 where nothing counts.
+  virtual int64_t oom_count() const { return 0; }
   /// Returns cached, unused blocks to the device (CUDA `empty_cache`).
   virtual void release_cached() = 0;
-  /// Waits for queued work on the device (a no-op on CPU), so that a host
-  /// clock read after it measures finished work.
+  /// Waits for queued work on this memory's device (a no-op on CPU), so that
+  /// a host clock read after it measures finished work.
   virtual void synchronize() = 0;
   /// Allocator statistics for people, as a few lines.
   virtual std::string summary() const = 0;
@@ -45,10 +54,30 @@ class DeviceMemory {
 
 /// Memory of `device`. On CPU it installs the budget allocator if needed and
 /// sets the budget to `limit`, or without one to `kDefaultCpuBudgetFraction`
-/// of the RAM available now. On CUDA, `limit` caps the capacity.
+/// of the RAM available now.
+///
+/// On CUDA it initialises LibTorch's CUDA state and the caching allocator
+/// (so it may be made before any CUDA tensor), makes `device` the current
+/// device of the calling thread, and reads the device's memory. `limit` then
+/// means a GPU of that size: everything this process holds on the device
+/// counts towards it — the caching allocator's reserved memory and what it
+/// cannot see (the CUDA context, library workspaces, NCCL buffers, measured
+/// as the device's used memory less the allocator's reserved) — as on a real
+/// GPU of `limit` bytes. Memory other processes hold on the same GPU counts
+/// too (it is not free for this one either). The caching allocator is capped
+/// at the usable budget less that outside memory and
+/// `kCudaOutsideGrowthBytes` of headroom for it to grow during a trial.
 /// Throws `batchtune::Error` for a device that is not there.
 std::unique_ptr<DeviceMemory> make_device_memory(const c10::Device& device,
                                                  std::optional<int64_t> limit);
+
+/// Headroom kept off the caching allocator's cap on CUDA for memory outside
+/// it that appears during a trial: kernels loaded lazily on first use, cuBLAS
+/// and cuDNN handles for a new stream, NCCL's buffers at the first
+/// collective. 256 MiB covers these for one process and one device (a CUDA
+/// context with the kernels of a training step is some hundreds of MiB, and
+/// is already counted when the memory object is made).
+constexpr int64_t kCudaOutsideGrowthBytes = int64_t{256} << 20;
 
 /// Share of available RAM the CPU budget gets without `--memory-limit`: half,
 /// so that the tool, its snapshots and the rest of the machine keep room.

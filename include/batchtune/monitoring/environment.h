@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,9 @@ struct GpuInfo {
   int index = 0;
   std::string name;
   int64_t total_bytes = 0;
-  int64_t free_bytes = 0;
+  /// Free memory as NVML reads it (no CUDA context is made to list the
+  /// devices); empty where NVML does not load.
+  std::optional<int64_t> free_bytes;
   int compute_major = 0;
   int compute_minor = 0;
 };

@@ -112,9 +112,6 @@ enum class TrialFailure {
   kDoesNotRun,
 };
 
-/// Whether a LibTorch error message says the batch size itself cannot run
-/// (see `TrialFailure::kDoesNotRun`), rather than that something is wrong.
-bool is_size_refusal(const std::string& message);
 
 /// What one trial measured. Plain data: everything above the trial runner
 /// works with these, never with exceptions.

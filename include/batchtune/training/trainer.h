@@ -97,6 +97,7 @@ struct TrainSummary {
   int64_t global_batch_size = 0;
   int64_t world_size = 1;
   int64_t skipped_steps = 0;       ///< fp16 steps skipped by the loss scaler
+  std::optional<double> loss_scale;  ///< fp16: the loss scaler's scale at the end
   double seconds = 0;              ///< training time of this run, evaluation excluded
   double samples_per_s = 0;        ///< samples of this run / seconds
   double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
