@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <thread>
 
@@ -51,6 +53,22 @@ void attach_readings(const Monitor& monitor, const std::string& device, double t
 
 /// What an interrupted tune keeps: the trials it finished, the largest that
 /// fitted as the answer, and a sweep row per batch size timed so far.
+/// This process's command line, for the report.
+std::string own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = std::min(text.find('\0', start), text.size());
+    std::string arg = text.substr(start, end - start);
+    if (start == 0) arg = arg.substr(arg.rfind('/') + 1);  // the program's name, not its path
+    const bool plain = !arg.empty() && arg.find_first_of(" \t'\"$\\") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? arg : "'" + arg + "'");
+    start = end + 1;
+  }
+  return out;
+}
+
 void keep_partial_results(TuneReport& report, const std::vector<TrialResult>& measured,
                           const std::vector<TrialResult>& swept, SearchStrategy strategy) {
   report.complete = false;
@@ -161,10 +179,13 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
         [&](int64_t batch) {
           throw_if_interrupted();
           if (progress) fmt::print(stderr, "\r\033[Ktrial: batch {} ...", batch);
-          return runner.run(TrialOptions()
-                                .batch_size(batch)
-                                .steps(kSearchTimedSteps)
-                                .warmup_steps(kSearchWarmupSteps));
+          const double t0 = monitor.now_s();
+          TrialResult trial = runner.run(TrialOptions()
+                                             .batch_size(batch)
+                                             .steps(kSearchTimedSteps)
+                                             .warmup_steps(kSearchWarmupSteps));
+          report.phases.push_back({t0 - run_start, monitor.now_s() - run_start, batch, "search"});
+          return trial;
         },
         options, steady_clock(),
         [&](const TrialResult& trial, size_t index) {
@@ -197,6 +218,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
             const double t0 = monitor.now_s();
             TrialResult trial = runner.run(options);
             attach_readings(monitor, device, t0, monitor.now_s(), trial);
+            report.phases.push_back(
+                {t0 - run_start, monitor.now_s() - run_start, options.batch_size(), "sweep"});
             swept.push_back(trial);
             return trial;
           },
@@ -270,6 +293,9 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (!job.primary()) return 0;  // one job, one result
   if (!job.primary()) return report.complete ? 0 : interrupt_exit_code();  // one job, one result
   if (!flags.report.empty()) {
+    report.plan = plan;
+    report.command_line = own_command_line();
+    if (!report.complete) report.interrupted_by = interrupt_name();
     write_file_atomically(flags.report, html_report(report));
     fmt::print(out, "report: {}\n", flags.report);
   }

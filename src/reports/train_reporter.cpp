@@ -37,6 +37,7 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
+      {"already_finished", s.already_finished},
   };
 }
 

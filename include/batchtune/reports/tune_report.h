@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/monitoring/energy.h"
+#include "batchtune/plan/plan.h"
 #include "batchtune/tuning/goodput.h"
 #include "batchtune/training/noise_scale.h"
 #include "batchtune/tuning/search.h"
@@ -20,6 +21,15 @@ namespace batchtune {
 struct UtilizationPoint {
   double seconds = 0;  ///< since the run started
   std::optional<double> utilization;
+};
+
+/// What ran from `start_s` to `end_s` (seconds since the run started): a
+/// search or sweep trial at `batch_size`, for the utilization plot.
+struct TimelinePhase {
+  double start_s = 0;
+  double end_s = 0;
+  int64_t batch_size = 0;
+  std::string stage;  ///< "search", "sweep"
 };
 
 /// Everything `batchtune tune` found, as plain data; the console table, the
@@ -37,10 +47,20 @@ struct TuneReport {
   int64_t usable_bytes = 0;
   double margin = 0;
   std::vector<UtilizationPoint> timeline;
+  /// Which trial ran when, on the same clock as `timeline`.
+  std::vector<TimelinePhase> phases;
   /// Why utilization is missing, when it is ("libnvidia-ml.so.1 not found").
   std::string utilization_note;
   /// False while the run was interrupted before it finished.
   bool complete = true;
+  /// "SIGINT", "SIGTERM" when interrupted.
+  std::string interrupted_by;
+  /// The plan tune recommends, when it got that far.
+  std::optional<Plan> plan;
+  /// The command line that made the report, for the record; empty: not shown.
+  std::string command_line;
+  /// When the report was made ("2026-12-01 20:45 UTC"); empty: now.
+  std::string generated_at;
   /// `--objective goodput`: the noise-scale run, on what data, the base
   /// batch B0 of the efficiency, every candidate global batch and the choice.
   std::optional<NoiseScaleMeasurement> noise;
@@ -70,9 +90,12 @@ void print_sweep(std::ostream& out, const TuneReport& report);
 /// The goodput candidates as a console table, the chosen one marked.
 void print_goodput(std::ostream& out, const TuneReport& report);
 
-/// One self-contained HTML page (inline SVG, no scripts): throughput and
-/// memory against batch size with the capacity and the chosen point, and
-/// utilization over the run.
+/// One self-contained HTML page (inline SVG, no scripts) to send a
+/// colleague: the verdict (or that the run was interrupted), the plan,
+/// throughput with its spread as error bars, memory against the capacity and
+/// the usable limit with the failed trials, GFLOP/s, utilization over the
+/// run with the batch that ran shaded, the sweep and search-trial tables, and
+/// the command line, batchtune's version and the date.
 std::string html_report(const TuneReport& report);
 
 }  // namespace batchtune
