@@ -108,8 +108,9 @@ c10::intrusive_ptr<c10d::TCPStore> rendezvous(const RankEnvironment& env, bool s
     if (interrupt_requested()) throw Interrupted();
     if (std::chrono::steady_clock::now() > deadline) {
       throw RankFailure(fmt::format(
-          "rank {}: no rendezvous with the store at {}:{} within {} s: something there accepts "
-          "connections but does not answer as a c10d store; check MASTER_ADDR and MASTER_PORT",
+          "rank {}: no rendezvous with the store at {}:{} within {} s: no c10d store answered "
+          "there (nothing listening, or a listener that is not a store); check MASTER_ADDR and "
+          "MASTER_PORT, and that rank 0 runs",
           env.rank, env.master_addr, env.master_port, timeout.count() / 1000.0));
     }
     attempt->done_cv.wait_for(lock, kInterruptPoll);
@@ -118,16 +119,17 @@ c10::intrusive_ptr<c10d::TCPStore> rendezvous(const RankEnvironment& env, bool s
   return attempt->store;
 }
 
-/// LibTorch's c10d prints a warning, often with a stack trace, for each
-/// failed connection and lost peer before batchtune's own one-line error
-/// says what happened. Unless BATCHTUNE_VERBOSE=1 (or TORCH_CPP_LOG_LEVEL
-/// is set), those warnings are off and errors carry no frames.
+/// LibTorch's c10d prints a warning or an error, often with a stack trace,
+/// for each failed connection and lost peer before batchtune's own one-line
+/// error says what happened. Unless BATCHTUNE_VERBOSE=1 (or
+/// TORCH_CPP_LOG_LEVEL is set), those lines are off and errors carry no frames.
 void quiet_c10d_diagnostics() {
   static std::once_flag once;
   std::call_once(once, [] {
     const char* verbose = std::getenv("BATCHTUNE_VERBOSE");
     if (verbose != nullptr && *verbose != '\0' && std::string(verbose) != "0") return;
-    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 2;  // ERROR
+    // FATAL: c10d's ERROR lines too only repeat what batchtune's error says.
+    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;
     c10::SetStackTraceFetcher([] { return std::string(); });
   });
 }
