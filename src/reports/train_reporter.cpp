@@ -21,7 +21,7 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 nlohmann::json to_json(const TrainSummary& s) {
-  return {
+  nlohmann::json j = {
       {"steps", s.steps},
       {"samples", s.samples},
       {"epochs", s.epochs},
@@ -37,8 +37,10 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
-      {"already_finished", s.already_finished},
   };
+  // Only on a re-emitted summary (--resume of a finished run).
+  if (s.already_finished) j["already_finished"] = true;
+  return j;
 }
 
 void print_plan(std::ostream& out, const Plan& p) {
