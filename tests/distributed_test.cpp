@@ -3,19 +3,29 @@
 // one `DistributedWorker` case as a rank; the parent checks their files.
 #include "batchtune/distributed/distributed.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/distributed/data_parallel.h"
@@ -145,6 +155,7 @@ TEST(DistributedWorker, DISABLED_Rank) {
   int64_t step_peak = 0;
   trainer.set_before_step([&](int64_t step) {
     if (mode == "die" && env.rank == 1 && step == 2) ::_exit(3);
+    if (mode == "die0" && env.rank == 0 && step == 2) ::_exit(3);  // and the store with it
     if (mode != "oom" || env.rank != 1) return;
     // Rank 1 alone: measure a step, then squeeze its budget below it.
     if (step == 1) {
@@ -338,6 +349,19 @@ TEST(DataParallel, ADeadRankMakesTheOtherFailNamingIt) {
   EXPECT_LT(seconds, kWorkerTimeoutMs / 1000.0 + 10) << output;
 }
 
+TEST(DataParallel, WhenRankZeroDiesTheOtherSaysSoWithoutStackTraces) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string dir = fresh_dir("dead0");
+  std::string output;
+  const LaunchResult result = run_ranks(dir, "die0", false, &output);
+  EXPECT_NE(result.exit_code, 0);
+  const std::string error = read_text(dir + "/error1");
+  EXPECT_NE(error.find("rank 0"), std::string::npos) << error << "\n" << output;
+  EXPECT_EQ(error.find("frame #"), std::string::npos) << error;
+  EXPECT_EQ(output.find("frame #"), std::string::npos) << output;
+  EXPECT_EQ(output.find("[c10d]"), std::string::npos) << output;
+}
+
 TEST(LaunchCli, TwoRanksTrainOneJobWithOneResult) {
   if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
   const std::string json = ::testing::TempDir() + "batchtune_launch_" +
@@ -392,6 +416,206 @@ TEST(LaunchCli, TorchrunNoPythonRunsTheRanks) {
   const auto summary = nlohmann::json::parse(read_text(json));
   EXPECT_EQ(summary["world_size"], 2);
   EXPECT_EQ(summary["global_batch_size"], 16);
+}
+
+}  // namespace
+}  // namespace batchtune
+
+// ---- Signals, bad stores, bounds (issue 20). ----
+
+namespace batchtune {
+namespace {
+
+/// A TCP listener on 127.0.0.1 that never accepts nor answers: the kernel
+/// completes the handshakes, nobody speaks the store's protocol.
+struct SilentListener {
+  SilentListener() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::listen(fd, 64);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~SilentListener() { ::close(fd); }
+  int fd = -1;
+  int port = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string lonely_rank(int port, const std::string& timeout) {
+  return fmt::format("env WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={} {} train "
+                     "--model mlp --input 12 --classes 4 --steps 3 --batch-size 8 --amp off "
+                     "--timeout {}",
+                     port, BATCHTUNE_CLI_PATH, timeout);
+}
+
+TEST(DistributedCli, AListenerThatIsNotAStoreFailsWithinTheTimeout) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  SilentListener listener;
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen((lonely_rank(listener.port, "2") + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  const int status = pclose(pipe);
+  const double seconds = seconds_since(start);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << output;
+  EXPECT_LT(seconds, 2 + 8) << output;  // --timeout, the grace, the start of the process
+  EXPECT_NE(output.find("no rendezvous with the store"), std::string::npos) << output;
+  EXPECT_EQ(output.find("frame #"), std::string::npos) << output;
+}
+
+TEST(DistributedCli, ARankWaitingForAStoreHonoursSigterm) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  SilentListener listener;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    dup2(null, STDERR_FILENO);
+    execl("/bin/sh", "sh", "-c", ("exec " + lonely_rank(listener.port, "60")).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // well into the rendezvous
+  const auto start = std::chrono::steady_clock::now();
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0 && seconds_since(start) < 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double seconds = seconds_since(start);
+  if (seconds >= 10) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  EXPECT_LT(seconds, 3) << "the first SIGTERM ends the wait";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << status;
+}
+
+TEST(DistributedCli, ALonelyRankSaysSoInAFewLines) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const int port = free_tcp_port();  // nobody listens there
+  FILE* pipe = popen((lonely_rank(port, "2") + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  pclose(pipe);
+  EXPECT_NE(output.find("no rendezvous with the store"), std::string::npos) << output;
+  EXPECT_LE(std::count(output.begin(), output.end(), '\n'), 3) << output;
+  EXPECT_EQ(output.find("frame #"), std::string::npos) << output;
+}
+
+TEST(LaunchCli, SigtermReachesEveryRankAndTheLauncherWaits) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string dir = fresh_dir("sigterm_launch");
+  const std::string json = dir + "/summary.json";
+  std::remove(json.c_str());
+  std::remove((dir + "/checkpoint.pt").c_str());
+  const auto r = batchtune::testing::run_cli_and_signal(
+      "launch --nproc 2 -- train --model mlp --input 12 --classes 4 --steps 1000000 "
+      "--batch-size 8 --amp off --timeout 30 --log-every 20 --checkpoint " + dir +
+          " --json " + json,
+      "step 20/", SIGTERM);
+  ASSERT_EQ(r.exit_code, 143) << r.output;
+  EXPECT_NE(r.output.find("SIGTERM: passed on to the 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped early by SIGTERM"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("killed by signal"), std::string::npos) << r.output;
+  // Written before the launcher returned: it waited for its ranks.
+  const auto summary = nlohmann::json::parse(read_text(json));
+  EXPECT_EQ(summary["complete"], false);
+  EXPECT_EQ(summary["interrupted_by"], "SIGTERM");
+  EXPECT_EQ(summary["world_size"], 2);
+  struct stat st {};
+  EXPECT_EQ(::stat((dir + "/checkpoint.pt").c_str(), &st), 0) << r.output;
+}
+
+int open_fds() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n - 3;  // ".", ".." and the directory's own fd
+}
+
+TEST(Launch, ALaunchThatCannotStartEveryRankStopsThoseItStarted) {
+  const std::string dir = fresh_dir("fd_limit");
+  const std::string pids = dir + "/pids";
+  std::remove(pids.c_str());
+  rlimit before{};
+  ::getrlimit(RLIMIT_NOFILE, &before);
+  rlimit tight = before;
+  tight.rlim_cur = static_cast<rlim_t>(open_fds() + 8);  // room for a few ranks' pipes
+  ::setrlimit(RLIMIT_NOFILE, &tight);
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    std::ostringstream out;
+    launch(LaunchOptions()
+               .nproc(50)
+               .program("/bin/sh")
+               .args({"-c", "echo $$ >> " + pids + "; exec sleep 60"})
+               .grace_s(2),
+           out);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_NOFILE, &before);
+  EXPECT_NE(message.find("cannot start rank"), std::string::npos) << message;
+  EXPECT_NE(message.find("Too many open files"), std::string::npos) << message;
+  EXPECT_LT(seconds_since(start), 10) << "no waiting for a rendezvous timeout";
+  std::ifstream in(pids);
+  int alive = 0, seen = 0;
+  for (pid_t pid; in >> pid;) {
+    ++seen;
+    if (::kill(pid, 0) == 0) ++alive;
+  }
+  EXPECT_EQ(alive, 0) << "of " << seen << " started";
+}
+
+TEST(Launch, BoundsOnTheNumberOfRanks) {
+  const auto r = batchtune::testing::run_cli("launch --nproc 5000 -- train");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc"), std::string::npos) << r.output;
+  const auto lookup = [](std::map<std::string, std::string> vars) {
+    return [vars](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  const std::string world = testing::error_of([&] {
+    parse_rank_environment(lookup({{"WORLD_SIZE", "4294967298"}, {"RANK", "0"},
+                                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}}));
+  });
+  EXPECT_NE(world.find("WORLD_SIZE"), std::string::npos) << world;
+}
+
+TEST(Launch, MasterTakesIpv6InBrackets) {
+  EXPECT_EQ(parse_master("[::1]:29500", "--master"), std::make_pair(std::string("::1"), 29500));
+  EXPECT_EQ(parse_master("10.0.0.1:29500", "--master"),
+            std::make_pair(std::string("10.0.0.1"), 29500));
+  for (const char* bad : {"::1:29500", "[::1]", "[::1]29500", "[]:29500"}) {
+    const std::string message = testing::error_of([&] { parse_master(bad, "--master"); });
+    EXPECT_NE(message.find("--master"), std::string::npos) << bad << ": " << message;
+  }
+}
+
+TEST(LaunchCli, TwoRanksOverIpv6Loopback) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const auto r = batchtune::testing::run_cli(
+      fmt::format("launch --nproc 2 --master [::1]:{} -- train --model mlp --input 12 "
+                  "--classes 4 --steps 2 --batch-size 8 --amp off --timeout 30",
+                  free_tcp_port()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "batchtune/tuning/sweep.h"
+#include "batchtune/step/trial_failure.h"
 
 #include <gtest/gtest.h>
 

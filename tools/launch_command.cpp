@@ -40,6 +40,10 @@ int run_launch(const LaunchFlags& flags) {
     throw Error("launch: the command to run is launch itself; give train, tune or probe");
   }
   const LaunchResult result = launch(options, std::cout);
+  if (result.signal != 0) {
+    std::cerr << "batchtune launch: " << result.message << "\n";
+    return result.exit_code;
+  }
   if (result.failed_rank >= 0) {
     std::cerr << "batchtune launch: " << result.message << "\n";
     return result.exit_code != 0 ? result.exit_code : 1;
@@ -54,12 +58,13 @@ CommandRun add_launch_command(CLI::App& app) {
       "launch", "run a batchtune command data-parallel: --nproc ranks on this host, "
                 "torchrun's environment, output prefixed [rank k]");
   auto flags = std::make_shared<LaunchFlags>();
-  cmd->add_option("--nproc", flags->nproc, "ranks (processes) on this host")->capture_default_str();
+  cmd->add_option("--nproc", flags->nproc, "ranks (processes) on this host, 1 to 1024")->capture_default_str();
   cmd->add_option("--nnodes", flags->nnodes, "hosts in the job")->capture_default_str();
   cmd->add_option("--node-rank", flags->node_rank, "this host's place, 0 to --nnodes - 1")
       ->capture_default_str();
   cmd->add_option("--master", flags->master,
-                  "ADDR:PORT where rank 0 hosts the store (default: 127.0.0.1 and a free port)");
+                  "ADDR:PORT (or [IPV6]:PORT) where rank 0 hosts the store (default: 127.0.0.1 "
+                  "and a free port)");
   cmd->add_option("command", flags->args, "the batchtune command each rank runs, after --");
   return [flags] { return run_launch(*flags); };
 }

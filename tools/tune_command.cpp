@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <thread>
 
 #include "batchtune/common/atomic_file.h"
@@ -27,6 +29,22 @@ namespace {
 // The monitor samples faster than `batchtune monitor`'s default so that short
 // sweep trials still get readings.
 constexpr double kTuneMonitorIntervalMs = 50;
+
+/// This process's command line, for the report.
+std::string own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = std::min(text.find('\0', start), text.size());
+    std::string arg = text.substr(start, end - start);
+    if (start == 0) arg = arg.substr(arg.rfind('/') + 1);  // the program's name, not its path
+    const bool plain = !arg.empty() && arg.find_first_of(" \t'\"$\\") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? arg : "'" + arg + "'");
+    start = end + 1;
+  }
+  return out;
+}
 
 struct TuneFlags {
   WorkloadFlags workload;
@@ -81,7 +99,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       .amp(parse_amp(flags.plan.amp))
       .seed(flags.workload.seed)
       .cores(std::max(1u, std::thread::hardware_concurrency()))
-      .plan(plan_request(flags.plan, cmd, flags.workload.lr));
+      .plan(plan_request(flags.plan, cmd, flags.workload.lr))
+      .command_line(own_command_line());
   // Ctrl-C or SIGTERM stops after the current trial; what was measured is
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <c10/util/Logging.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -16,6 +18,7 @@
 
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "distributed/nccl_options.h"
 #include "memory/cuda_support.h"
 
@@ -66,6 +69,73 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const RankEnvironment& env, boo
   return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
 }
 
+/// The rendezvous waits this much longer than --timeout before it gives up
+/// on a listener that never answers: TCPStore's own timeout error (nobody
+/// listening, a rank missing) comes first.
+constexpr std::chrono::milliseconds kStoreAnswerGrace{1000};
+/// How often a rank waiting for the store looks for an interrupt.
+constexpr std::chrono::milliseconds kInterruptPoll{100};
+
+/// `connect_store` for the rendezvous, given up at an interrupt or after the
+/// timeout even when TCPStore's handshake would wait for ever (a listener at
+/// MASTER_PORT that is not a store). The attempt runs on a thread of its own,
+/// left behind when given up.
+c10::intrusive_ptr<c10d::TCPStore> rendezvous(const RankEnvironment& env, bool server,
+                                              std::chrono::milliseconds timeout) {
+  struct Attempt {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::exception_ptr error;
+  };
+  auto attempt = std::make_shared<Attempt>();
+  std::thread([attempt, env, server, timeout] {
+    c10::intrusive_ptr<c10d::TCPStore> store;
+    std::exception_ptr error;
+    try {
+      store = connect_store(env, server, timeout, /*count_worker=*/true);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(attempt->mutex);
+    attempt->store = std::move(store);
+    attempt->error = error;
+    attempt->done = true;
+    attempt->done_cv.notify_all();
+  }).detach();
+  const auto deadline = std::chrono::steady_clock::now() + timeout + kStoreAnswerGrace;
+  std::unique_lock<std::mutex> lock(attempt->mutex);
+  while (!attempt->done) {
+    if (interrupt_requested()) throw Interrupted();
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw RankFailure(fmt::format(
+          "rank {}: no rendezvous with the store at {}:{} within {} s: no c10d store answered "
+          "there (nothing listening, or a listener that is not a store); check MASTER_ADDR and "
+          "MASTER_PORT, and that rank 0 runs",
+          env.rank, env.master_addr, env.master_port, timeout.count() / 1000.0));
+    }
+    attempt->done_cv.wait_for(lock, kInterruptPoll);
+  }
+  if (attempt->error) std::rethrow_exception(attempt->error);
+  return attempt->store;
+}
+
+/// LibTorch's c10d prints a warning or an error, often with a stack trace,
+/// for each failed connection and lost peer before batchtune's own one-line
+/// error says what happened. Unless BATCHTUNE_VERBOSE=1 (or
+/// TORCH_CPP_LOG_LEVEL is set), those lines are off and errors carry no frames.
+void quiet_c10d_diagnostics() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* verbose = std::getenv("BATCHTUNE_VERBOSE");
+    if (verbose != nullptr && *verbose != '\0' && std::string(verbose) != "0") return;
+    // FATAL: c10d's ERROR lines too only repeat what batchtune's error says.
+    if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;
+    c10::SetStackTraceFetcher([] { return std::string(); });
+  });
+}
+
 class C10dCommunicator;
 
 /// A collective in flight whose failure is turned into a `RankFailure`.
@@ -87,7 +157,11 @@ class C10dCommunicator final : public Communicator {
       : env_(env), timeout_(timeout), device_(device) {
     const bool server = env.rank == 0 && !env.use_agent_store;
     try {
-      store_ = connect_store(env, server, timeout, /*count_worker=*/true);
+      store_ = rendezvous(env, server, timeout);
+    } catch (const RankFailure&) {
+      throw;
+    } catch (const Interrupted&) {
+      throw;
     } catch (const std::exception& e) {
       throw RankFailure(fmt::format(
           "rank {}: no rendezvous with the store at {}:{} within {} s: {}", env.rank,
@@ -328,6 +402,7 @@ std::unique_ptr<Communicator> make_communicator(const RankEnvironment& env, c10:
   if (timeout.count() <= 0) {
     throw Error(fmt::format("--timeout: must be positive, got {} ms", timeout.count()));
   }
+  quiet_c10d_diagnostics();
   return std::make_unique<C10dCommunicator>(env, device, timeout);
 }
 

@@ -6,17 +6,21 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "batchtune/common/error.h"
+#include "batchtune/distributed/distributed.h"
 
 extern char** environ;
 
@@ -57,6 +61,78 @@ constexpr double kDrainS = 2;
 
 bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
+// The signals a launcher passes on to its ranks: the count received so far,
+// and the last one. Lock-free atomics are async-signal-safe.
+std::atomic<int> signals_received{0};
+std::atomic<int> last_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+void on_launcher_signal(int signal) {
+  last_signal = signal;
+  signals_received.fetch_add(1);
+}
+
+/// While a launch runs, SIGINT, SIGTERM and SIGHUP are counted (not acted on)
+/// so that the launch loop forwards each to the ranks and goes on waiting.
+class ForwardSignals {
+ public:
+  ForwardSignals() {
+    signals_received = 0;
+    last_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_launcher_signal;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &action, &previous_[i]);
+  }
+  ~ForwardSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  ForwardSignals(const ForwardSignals&) = delete;
+  ForwardSignals& operator=(const ForwardSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> previous_{};
+};
+
+/// Stops ranks already started when the launch cannot go on: SIGTERM, then
+/// SIGKILL after `grace_s`, each one reaped.
+void stop_ranks(std::vector<Rank>& ranks, double grace_s) {
+  for (auto& r : ranks) {
+    if (r.running) ::kill(r.pid, SIGTERM);
+  }
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  for (auto& r : ranks) {
+    while (r.running) {
+      int status = 0;
+      const pid_t done = ::waitpid(r.pid, &status, WNOHANG);
+      if (done == r.pid || (done < 0 && errno != EINTR)) {
+        r.running = false;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(r.pid, SIGKILL);
+        ::waitpid(r.pid, &status, 0);
+        r.running = false;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (r.fd >= 0) ::close(r.fd);
+    r.fd = -1;
+  }
+}
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return fmt::format("signal {}", signal);
+  }
+}
+
 }  // namespace
 
 int free_tcp_port() {
@@ -78,7 +154,21 @@ int free_tcp_port() {
 }
 
 std::pair<std::string, int> parse_master(const std::string& text, const std::string& what) {
-  const auto colon = text.rfind(':');
+  // An IPv6 address goes in brackets, as in a URL: [::1]:29500.
+  size_t colon = text.rfind(':');
+  std::string addr = colon == std::string::npos ? text : text.substr(0, colon);
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || close == 1 || close + 1 >= text.size() ||
+        text[close + 1] != ':') {
+      throw Error(fmt::format("{}: '{}' is not [IPV6]:PORT (e.g. [::1]:29500)", what, text));
+    }
+    colon = close + 1;
+    addr = text.substr(1, close - 1);
+  } else if (colon != std::string::npos && addr.find(':') != std::string::npos) {
+    throw Error(fmt::format("{}: '{}': put an IPv6 address in brackets, e.g. [::1]:29500", what,
+                            text));
+  }
   if (colon == std::string::npos || colon == 0) {
     throw Error(fmt::format("{}: '{}' is not ADDR:PORT (e.g. 10.0.0.1:29500)", what, text));
   }
@@ -88,12 +178,17 @@ std::pair<std::string, int> parse_master(const std::string& text, const std::str
   if (port_text.empty() || *end != '\0' || port < 1 || port > 65535) {
     throw Error(fmt::format("{}: '{}' has no TCP port (1-65535) after the colon", what, text));
   }
-  return {text.substr(0, colon), static_cast<int>(port)};
+  return {addr, static_cast<int>(port)};
 }
 
 LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
-  if (o.nproc() < 1) throw Error(fmt::format("--nproc: must be at least 1, got {}", o.nproc()));
-  if (o.nnodes() < 1) throw Error(fmt::format("--nnodes: must be at least 1, got {}", o.nnodes()));
+  if (o.nproc() < 1 || o.nproc() > kMaxLocalRanks) {
+    throw Error(fmt::format("--nproc: must be from 1 to {}, got {}", kMaxLocalRanks, o.nproc()));
+  }
+  if (o.nnodes() < 1 || o.nnodes() > kMaxWorldSize / o.nproc()) {
+    throw Error(fmt::format("--nnodes: must be from 1 to {} (at most {} ranks in all), got {}",
+                            kMaxWorldSize / o.nproc(), kMaxWorldSize, o.nnodes()));
+  }
   if (o.node_rank() < 0 || o.node_rank() >= o.nnodes()) {
     throw Error(fmt::format("--node-rank: must be from 0 to {} (--nnodes - 1), got {}",
                             o.nnodes() - 1, o.node_rank()));
@@ -108,6 +203,9 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   const int port = o.master_port() > 0 ? o.master_port() : free_tcp_port();
   const int64_t world = o.nproc() * o.nnodes();
 
+  // From here on a signal to the launcher goes to every rank (see below).
+  ForwardSignals forward_signals;
+  const pid_t launcher = ::getpid();
   std::vector<Rank> ranks;
   for (int64_t local = 0; local < o.nproc(); ++local) {
     Rank r;
@@ -141,13 +239,33 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
     for (auto& s : arg_strings) argv.push_back(s.data());
     argv.push_back(nullptr);
 
+    // A launch that cannot start every rank stops those it started.
+    const auto cannot_start = [&](const char* step) {
+      const std::string reason = std::strerror(errno);
+      stop_ranks(ranks, o.grace_s());
+      return Error(fmt::format("launch: cannot start rank {} of {} ({}: {}); stopped the {} "
+                               "started; use a smaller --nproc or raise the limit (ulimit -n, "
+                               "ulimit -u)",
+                               r.rank, world, step, reason, ranks.size()));
+    };
     int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      throw std::runtime_error("launch: pipe: " + std::string(strerror(errno)));
-    }
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw cannot_start("pipe");
     const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("launch: fork: " + std::string(strerror(errno)));
+    if (pid < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw cannot_start("fork");
+    }
     if (pid == 0) {
+      // Its own process group: a Ctrl-C at the terminal reaches the launcher
+      // alone, which passes it on once. And a rank outlives no launcher, not
+      // even one killed with SIGKILL.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(143);
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGHUP, SIG_DFL);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
       ::execve(argv[0], argv.data(), envp.data());
@@ -166,8 +284,27 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   Clock::time_point stop_sent{};
   Clock::time_point all_exited{};
   bool killed = false;
+  int forwarded = 0;
   std::vector<char> buffer(1 << 16);
   for (;;) {
+    // A signal to the launcher: each rank gets it too and stops as on its
+    // own (a checkpoint, a partial summary); a second one ends them at once.
+    if (const int received = signals_received.load(); received > forwarded) {
+      const int signal = last_signal.load();
+      for (auto& r : ranks) {
+        if (r.running) ::kill(r.pid, signal);
+      }
+      if (forwarded == 0) {
+        result.signal = signal;
+        out << fmt::format("batchtune launch: {}: passed on to the {} rank(s); waiting for them "
+                           "to stop (again to end them at once)\n",
+                           signal_name(signal), ranks.size());
+        out.flush();
+      } else if (stop_sent == Clock::time_point{}) {
+        stop_sent = Clock::now();  // and SIGKILL after the grace period
+      }
+      forwarded = received;
+    }
     std::vector<pollfd> polls;
     std::vector<Rank*> owners;
     for (auto& r : ranks) {
@@ -194,7 +331,9 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
       if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
       r.status = status;
-      if (failed(status) && result.failed_rank < 0) {
+      // Ranks stopped by a passed-on signal exit 128+N: not a failure to
+      // pass on (another SIGTERM would cut their checkpoint short).
+      if (failed(status) && result.failed_rank < 0 && result.signal == 0) {
         result.failed_rank = r.rank;
         result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
         result.message = fmt::format("rank {} {}; stopping the other ranks", r.rank,
@@ -233,7 +372,13 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
       killed = true;
     }
   }
-  if (result.failed_rank < 0) result.message = fmt::format("{} rank(s) finished", ranks.size());
+  if (result.signal != 0) {
+    result.exit_code = 128 + result.signal;
+    result.message = fmt::format("stopped by {}: the {} rank(s) ended", signal_name(result.signal),
+                                 ranks.size());
+  } else if (result.failed_rank < 0) {
+    result.message = fmt::format("{} rank(s) finished", ranks.size());
+  }
   return result;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/common/error.h"
@@ -11,14 +12,15 @@
 namespace batchtune {
 namespace {
 
-int64_t parse_count(const char* name, const char* text, int64_t min) {
+int64_t parse_count(const char* name, const char* text, int64_t min,
+                    int64_t max = kMaxWorldSize) {
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || value < min) {
-    throw Error(fmt::format("{}: must be an integer of at least {}, got '{}'; launch with "
+  if (errno != 0 || end == text || *end != '\0' || value < min || value > max) {
+    throw Error(fmt::format("{}: must be an integer from {} to {}, got '{}'; launch with "
                             "torchrun or batchtune launch",
-                            name, min, text));
+                            name, min, max, text));
   }
   return value;
 }
@@ -63,7 +65,8 @@ RankEnvironment parse_rank_environment(const std::function<const char*(const cha
                             env.world_size));
   }
   env.master_addr = required("MASTER_ADDR");
-  const int64_t port = parse_count("MASTER_PORT", required("MASTER_PORT"), 1);
+  const int64_t port = parse_count("MASTER_PORT", required("MASTER_PORT"), 1,
+                                   std::numeric_limits<int64_t>::max());
   if (port > 65535) {
     throw Error(fmt::format("MASTER_PORT: {} is not a TCP port (1-65535)", port));
   }

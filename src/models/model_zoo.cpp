@@ -93,6 +93,18 @@ std::unique_ptr<Model> make_model(const std::string& name_or_path, const ModelSp
   return make_builtin_model(name_or_path, spec);
 }
 
+std::vector<std::pair<std::string, at::Tensor>> Model::named_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : parameters()) out.emplace_back("param." + std::to_string(out.size()), p);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Model::named_buffers() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& b : buffers()) out.emplace_back("buffer." + std::to_string(out.size()), b);
+  return out;
+}
+
 int64_t parameter_bytes(Model& model) {
   int64_t bytes = 0;
   for (const auto& p : model.parameters()) bytes += p.numel() * p.element_size();

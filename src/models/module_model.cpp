@@ -21,6 +21,18 @@ at::Tensor ModuleModel::forward(const std::vector<at::Tensor>& inputs) {
 
 std::vector<at::Tensor> ModuleModel::parameters() { return module_->parameters(); }
 std::vector<at::Tensor> ModuleModel::buffers() { return module_->buffers(); }
+std::vector<std::pair<std::string, at::Tensor>> ModuleModel::named_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module_->named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ModuleModel::named_buffers() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
 void ModuleModel::train(bool on) { module_->train(on); }
 void ModuleModel::to(const c10::Device& device) { module_->to(device); }
 

@@ -153,6 +153,26 @@ class ScriptModel final : public Model {
     return out;
   }
 
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& p : module_.named_parameters()) {
+      if (p.value.requires_grad()) out.emplace_back(p.name, p.value);
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> named_buffers() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& b : module_.named_buffers()) out.emplace_back(b.name, b.value);
+    return out;
+  }
+
+  std::optional<std::string> torchscript_bytes() override {
+    std::ostringstream bytes;
+    module_.save(bytes);
+    return bytes.str();
+  }
+
   void train(bool on) override { module_.train(on); }
   void to(const c10::Device& device) override { module_.to(device); }
 

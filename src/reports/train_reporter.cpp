@@ -21,7 +21,7 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 nlohmann::json to_json(const TrainSummary& s) {
-  return {
+  nlohmann::json j = {
       {"steps", s.steps},
       {"samples", s.samples},
       {"epochs", s.epochs},
@@ -40,6 +40,9 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
   };
+  // Only on a re-emitted summary (--resume of a finished run).
+  if (s.already_finished) j["already_finished"] = true;
+  return j;
 }
 
 void print_plan(std::ostream& out, const Plan& p) {

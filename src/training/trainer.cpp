@@ -1,13 +1,13 @@
 #include "batchtune/training/trainer.h"
 
+#include "batchtune/training/checkpoint.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <chrono>
@@ -260,12 +260,31 @@ double Trainer::evaluate() {
 TrainSummary Trainer::run() {
   const int64_t per_epoch = steps_per_epoch();
   total_steps_ = options_.steps() > 0 ? options_.steps() : options_.epochs() * per_epoch;
-  if (options_.resume() && load_checkpoint()) {
-    resumed_from_step_ = step_;
-    emit(TrainEvent::Kind::kResumed,
-         fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
-                     options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
-                     batch_in_epoch_));
+  if (options_.resume()) {
+    const std::optional<TrainSummary> finished = load_checkpoint();
+    if (loaded_ && step_ >= total_steps_) {
+      // Nothing left to train: a finished run's summary as it was, never a
+      // summary of zero steps over it.
+      if (!finished) {
+        throw Error(fmt::format("--resume: {}/{} is at step {}, past the {} steps of this run; "
+                                "ask for more --steps or --epochs",
+                                options_.checkpoint_dir(), kCheckpointFile, step_, total_steps_));
+      }
+      emit(TrainEvent::Kind::kResumed,
+           fmt::format("the run in {} is already finished (step {} of {}): nothing to train; "
+                       "its summary follows",
+                       options_.checkpoint_dir(), step_, total_steps_));
+      TrainSummary s = *finished;
+      s.already_finished = true;
+      return s;
+    }
+    if (loaded_) {
+      resumed_from_step_ = step_;
+      emit(TrainEvent::Kind::kResumed,
+           fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
+                       options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
+                       batch_in_epoch_));
+    }
   }
   if (plan_.world_size != data_parallel_.world_size()) {
     throw Error(fmt::format("--plan: world_size {} but this job has {} process(es); launch as "
@@ -363,8 +382,6 @@ TrainSummary Trainer::run() {
     test_accuracy_ = evaluate();
     test_accuracy_step_ = step_;
   }
-  if (!options_.checkpoint_dir().empty()) save_checkpoint();
-
   TrainSummary s;
   s.steps = step_;
   s.samples = samples_;
@@ -388,118 +405,62 @@ TrainSummary Trainer::run() {
   }
   s.noise_scale = training_step_.noise_scale().noise_scale();
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
+  // The last checkpoint carries the summary of a finished run (see load_checkpoint).
+  if (!options_.checkpoint_dir().empty()) {
+    save_checkpoint(complete ? std::optional<TrainSummary>(s) : std::nullopt);
+  }
   return s;
 }
 
-// A checkpoint is one archive: the model's parameters and buffers, the
-// optimizer, the loss scaler, the default CPU generator and a JSON record of
-// the position (step, epoch, batch within it, samples, plan as it stands).
+// Checkpoints: see checkpoint.h. The trainer hands over its position and
+// plan, and the summary once the run is finished.
 
-void Trainer::save_checkpoint() {
-  if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
-  const std::string& dir = options_.checkpoint_dir();
-  ::mkdir(dir.c_str(), 0755);
-  BudgetAllocator::UncountedScope uncounted;  // host copies, not device memory
-  torch::serialize::OutputArchive archive;
-  auto params = workload_.model().parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    archive.write("model/param/" + std::to_string(i), params[i].detach().cpu());
-  }
-  auto buffers = workload_.model().buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    archive.write("model/buffer/" + std::to_string(i), buffers[i].cpu(), /*is_buffer=*/true);
-  }
-  torch::serialize::OutputArchive optimizer;
-  workload_.optimizer().save(optimizer);
-  archive.write("optimizer", optimizer);
-  const auto scaler = training_step_.scaler().state();
-  archive.write("scaler", at::tensor(scaler, at::TensorOptions().dtype(at::kDouble)));
-  archive.write("generator", at::detail::getDefaultCPUGenerator().get_state());
-  const nlohmann::json meta = {
-      {"step", step_},
-      {"epoch", epoch_},
-      {"batch_in_epoch", batch_in_epoch_},
-      {"samples", samples_},
-      {"oom_recoveries", oom_recoveries_},
-      {"seed", options_.seed()},
-      {"model", workload_.model().describe()},
-      {"train_size", train_.size()},
-      {"plan", to_json(plan_)},
-  };
-  archive.write("meta", c10::IValue(meta.dump()));
-  std::ostringstream bytes;
-  archive.save_to(bytes);
-  const std::string path = dir + "/" + kCheckpointFile;
-  write_file_atomically(path, bytes.str());
-  emit(TrainEvent::Kind::kCheckpoint, "checkpoint " + path);
+RunIdentity Trainer::run_identity() const {
+  RunIdentity id;
+  id.model = workload_.model().describe();
+  id.input = describe(workload_.input_spec());
+  id.optimizer = workload_.options().optimizer();
+  id.amp = amp_name(plan_.amp);
+  id.world_size = plan_.world_size;
+  id.global_batch_size = plan_.global_batch_size;
+  id.train_size = train_.size();
+  id.seed = options_.seed();
+  id.lr = plan_.lr;
+  id.warmup_steps = plan_.warmup_steps;
+  return id;
 }
 
-bool Trainer::load_checkpoint() {
-  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) return false;
-  BudgetAllocator::UncountedScope uncounted;
-  torch::serialize::InputArchive archive;
-  nlohmann::json meta;
-  try {
-    archive.load_from(path, c10::Device(c10::kCPU));
-    c10::IValue meta_value;
-    archive.read("meta", meta_value);
-    meta = nlohmann::json::parse(meta_value.toStringRef());
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("--resume: {} is not a batchtune checkpoint ({})", path,
-                            first_line(e.what())));
-  }
-  const Plan saved = plan_from_json(meta.at("plan"), "--resume " + path);
-  if (meta.at("model").get<std::string>() != workload_.model().describe()) {
-    throw Error(fmt::format("--resume: {} holds {}, not {}; use the same --model and --input",
-                            path, meta.at("model").get<std::string>(),
-                            workload_.model().describe()));
-  }
-  if (saved.global_batch_size != plan_.global_batch_size ||
-      meta.at("train_size").get<int64_t>() != train_.size() ||
-      meta.at("seed").get<uint64_t>() != options_.seed()) {
-    throw Error(fmt::format("--resume: {} was written by a run with global batch {}, {} "
-                            "training samples and seed {}; this one has {}, {} and {}",
-                            path, saved.global_batch_size, meta.at("train_size").get<int64_t>(),
-                            meta.at("seed").get<uint64_t>(), plan_.global_batch_size,
-                            train_.size(), options_.seed()));
-  }
-  at::NoGradGuard no_grad;
-  auto params = workload_.model().parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor t;
-    archive.read("model/param/" + std::to_string(i), t);
-    params[i].copy_(t);
-  }
-  auto buffers = workload_.model().buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    at::Tensor t;
-    archive.read("model/buffer/" + std::to_string(i), t, /*is_buffer=*/true);
-    buffers[i].copy_(t);
-  }
-  torch::serialize::InputArchive optimizer;
-  archive.read("optimizer", optimizer);
-  workload_.optimizer().load(optimizer);
-  at::Tensor scaler;
-  archive.read("scaler", scaler);
-  training_step_.scaler().load_state({scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});
-  at::Tensor generator;
-  archive.read("generator", generator);
-  at::Generator default_generator = at::detail::getDefaultCPUGenerator();
-  default_generator.set_state(generator);
+void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
+  if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
+  CheckpointRecord record;
+  record.identity = run_identity();
+  record.position = {step_, epoch_, batch_in_epoch_, samples_, oom_recoveries_};
+  record.plan = plan_;
+  record.summary = summary;
+  write_checkpoint(options_.checkpoint_dir(), {workload_.model(), workload_.optimizer(), training_step_.scaler()},
+                   record);
+  emit(TrainEvent::Kind::kCheckpoint,
+       "checkpoint " + options_.checkpoint_dir() + "/" + kCheckpointFile);
+}
 
-  step_ = meta.at("step").get<int64_t>();
-  epoch_ = meta.at("epoch").get<int64_t>();
-  batch_in_epoch_ = meta.at("batch_in_epoch").get<int64_t>();
-  samples_ = meta.at("samples").get<int64_t>();
-  oom_recoveries_ = meta.at("oom_recoveries").get<int64_t>();
+std::optional<TrainSummary> Trainer::load_checkpoint() {
+  const auto record = read_checkpoint(options_.checkpoint_dir(), run_identity(),
+                                      {workload_.model(), workload_.optimizer(), training_step_.scaler()});
+  if (!record) return std::nullopt;
+  const CheckpointPosition& p = record->position;
+  step_ = p.step;
+  epoch_ = p.epoch;
+  batch_in_epoch_ = p.batch_in_epoch;
+  samples_ = p.samples;
+  oom_recoveries_ = p.oom_recoveries;
   // Keep the smaller micro-batch an earlier out-of-memory forced.
-  if (saved.micro_batch_size < plan_.micro_batch_size) {
-    plan_.micro_batch_size = saved.micro_batch_size;
+  if (record->plan.micro_batch_size < plan_.micro_batch_size) {
+    plan_.micro_batch_size = record->plan.micro_batch_size;
     plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
   }
-  return true;
+  loaded_ = true;
+  if (record->summary) return record->summary;
+  return std::nullopt;
 }
 
 }  // namespace batchtune

@@ -233,6 +233,7 @@ class Pipeline {
     r.margin = runner_.margin();
     r.search_only = options_.search_only();
     r.time_budget_s = options_.time_budget_s();
+    r.command_line = options_.command_line();
     try {
       search();
       if (!r.search_only && r.search.max_batch_size > 0) {
@@ -263,7 +264,10 @@ class Pipeline {
     const double t0 = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
     TrialResult result = runner_.run(trial_options);
     if (options_.monitor() != nullptr) {
-      attach_readings(*options_.monitor(), result_.device, t0, options_.monitor()->now_s(), result);
+      const double t1 = options_.monitor()->now_s();
+      attach_readings(*options_.monitor(), result_.device, t0, t1, result);
+      result_.phases.push_back({t0 - monitor_start_s_, t1 - monitor_start_s_,
+                                trial_options.batch_size(), to_string(phase)});
     }
     return result;
   }

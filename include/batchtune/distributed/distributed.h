@@ -17,6 +17,10 @@
 
 namespace batchtune {
 
+/// Most ranks in a job that batchtune accepts (`WORLD_SIZE`, `launch`):
+/// far beyond any real job, and well inside c10d's `int` ranks.
+constexpr int64_t kMaxWorldSize = 1 << 20;
+
 /// Where this process stands in the job, as torchrun (or `batchtune launch`)
 /// says in the environment.
 struct RankEnvironment {

@@ -15,6 +15,9 @@
 
 namespace batchtune {
 
+/// Most ranks `launch` starts on one host: each is a process with a pipe.
+constexpr int64_t kMaxLocalRanks = 1024;
+
 struct LaunchOptions {
   /// Processes on this host.
   TORCH_ARG(int64_t, nproc) = 1;
@@ -41,10 +44,17 @@ struct LaunchResult {
   int exit_code = 0;                ///< 0, or the first failed rank's code (1 if signalled)
   int64_t failed_rank = -1;         ///< the first rank that failed, or -1
   std::string message;              ///< what happened, for people
+  /// The signal (SIGINT, SIGTERM, SIGHUP) the launcher received and passed
+  /// on to every rank; 0 when none. `exit_code` is then 128 + it.
+  int signal = 0;
 };
 
-/// Runs the job; writes the ranks' output to `out`. Throws `batchtune::Error`
-/// for bad options (naming the flag).
+/// Runs the job; writes the ranks' output to `out`. While it runs, SIGINT,
+/// SIGTERM and SIGHUP are passed on to every rank and the launch waits for
+/// them (a second signal ends them at once); the ranks sit in their own
+/// process group and get SIGTERM if the launcher dies. Throws
+/// `batchtune::Error` for bad options (naming the flag), and when a rank
+/// cannot be started (after stopping those that were).
 ///
 /// Example:
 /// ```
@@ -56,7 +66,7 @@ LaunchResult launch(const LaunchOptions& options, std::ostream& out);
 /// A TCP port on 127.0.0.1 free right now (the kernel's pick).
 int free_tcp_port();
 
-/// Parses `ADDR:PORT`; throws `batchtune::Error` naming `what`.
+/// Parses `ADDR:PORT` or `[IPV6]:PORT`; throws `batchtune::Error` naming `what`.
 std::pair<std::string, int> parse_master(const std::string& text, const std::string& what);
 
 }  // namespace batchtune

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace batchtune {
@@ -58,6 +59,14 @@ class Model {
   virtual std::vector<at::Tensor> parameters() = 0;
   /// Buffers (batch-norm running statistics...), in a fixed order.
   virtual std::vector<at::Tensor> buffers() = 0;
+  /// `parameters()` with their names (`conv1.weight`), in the same order;
+  /// by default `param.0`, `param.1`... for a model that has no names.
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters();
+  /// `buffers()` with their names, in the same order (default `buffer.0`...).
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_buffers();
+  /// The model as a TorchScript archive with its current weights, where it is
+  /// one (a model loaded with `load_script_model`); nullopt otherwise.
+  virtual std::optional<std::string> torchscript_bytes() { return std::nullopt; }
   virtual void train(bool on) = 0;
   virtual void to(const c10::Device& device) = 0;
   /// Short description for logs: "resnet18 (11.2M parameters)".

@@ -32,6 +32,8 @@ class ModuleModel final : public Model {
   at::Tensor forward(const std::vector<at::Tensor>& inputs) override;
   std::vector<at::Tensor> parameters() override;
   std::vector<at::Tensor> buffers() override;
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() override;
+  std::vector<std::pair<std::string, at::Tensor>> named_buffers() override;
   void train(bool on) override;
   void to(const c10::Device& device) override;
   std::string describe() const override;

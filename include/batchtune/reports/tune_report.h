@@ -28,9 +28,12 @@ void print_sweep(std::ostream& out, const TuneResult& report);
 /// The goodput candidates as a console table, the chosen one marked.
 void print_goodput(std::ostream& out, const TuneResult& report);
 
-/// One self-contained HTML page (inline SVG, no scripts): throughput and
-/// memory against batch size with the capacity and the chosen point, and
-/// utilization over the run.
+/// One self-contained HTML page (inline SVG, no scripts) to send a
+/// colleague: the verdict (or that the run was interrupted), the plan,
+/// throughput with its spread as error bars, memory against the capacity and
+/// the usable limit with the failed trials, GFLOP/s, utilization over the
+/// run with the batch that ran shaded, the sweep and search-trial tables, and
+/// the command line, batchtune's version and the date.
 std::string html_report(const TuneResult& report);
 
 /// A tune for people: each phase as it starts, its table as it ends, the

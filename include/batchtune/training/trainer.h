@@ -17,6 +17,7 @@ namespace batchtune {
 
 class DeviceMemory;
 class Workload;
+struct RunIdentity;
 
 /// How long a run trains and what it writes on the way.
 struct TrainOptions {
@@ -107,6 +108,9 @@ struct TrainSummary {
   bool complete = true;
   std::string interrupted_by;      ///< "SIGINT" or "SIGTERM"; empty when complete
   std::optional<double> noise_scale;  ///< B_simple at the end; nullopt when not measured
+  /// True when `--resume` found the run already finished: nothing was
+  /// trained, and this is the summary its last checkpoint saved.
+  bool already_finished = false;
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -167,8 +171,12 @@ class Trainer {
   /// Waits for queued device work and counts the wait as training time.
   void settle_clock();
   double evaluate();
-  void save_checkpoint();
-  bool load_checkpoint();
+  /// Writes the checkpoint (see checkpoint.h); `summary` when the run is finished.
+  void save_checkpoint(const std::optional<TrainSummary>& summary = std::nullopt);
+  /// Reads the checkpoint when there is one (sets `loaded_`); returns the
+  /// summary it holds of a finished run.
+  std::optional<TrainSummary> load_checkpoint();
+  RunIdentity run_identity() const;
   void emit(TrainEvent::Kind kind, const std::string& message = "");
 
   Workload& workload_;
@@ -191,6 +199,7 @@ class Trainer {
   int64_t oom_recoveries_ = 0;
   int64_t total_steps_ = 0;
   int64_t resumed_from_step_ = 0;
+  bool loaded_ = false;  // the run continues from a checkpoint
   double last_loss_ = 0;
   std::optional<double> test_accuracy_;
   int64_t test_accuracy_step_ = -1;

@@ -47,6 +47,15 @@ struct UtilizationPoint {
   std::optional<double> utilization;
 };
 
+/// What ran from `start_s` to `end_s` (seconds since the run started): a
+/// search or sweep trial at `batch_size`, for the utilization plot.
+struct TimelinePhase {
+  double start_s = 0;
+  double end_s = 0;
+  int64_t batch_size = 0;
+  std::string stage;  ///< "search", "sweep"
+};
+
 /// Everything a tune found, as plain data; the console table, the JSON
 /// (`to_json`, exactly what `batchtune tune --json` writes) and the HTML
 /// report are views of it.
@@ -69,6 +78,12 @@ struct TuneResult {
   int64_t usable_bytes = 0;
   double margin = 0;
   std::vector<UtilizationPoint> timeline;
+  /// Which trial ran when, on the same clock as `timeline`.
+  std::vector<TimelinePhase> phases;
+  /// The command line that made the run, for the report; empty: not shown.
+  std::string command_line;
+  /// When the report was made ("2026-12-01 20:45 UTC"); empty: now.
+  std::string generated_at;
   /// How utilization was read, in one short line, and what is missing.
   std::string utilization_note;
   /// The same with every reason a reading is unavailable (NVML's and RAPL's
@@ -203,6 +218,8 @@ struct TuneOptions {
     return *this;
   }
   Monitor* monitor() const { return monitor_; }
+  /// The command line that asked for the run, for the report.
+  TORCH_ARG(std::string, command_line) = "";
   /// Asked before every trial; a stop ends the run with what was measured
   /// (`complete == false`).
   TORCH_ARG(StopRequest, stop) = nullptr;

@@ -1,0 +1,450 @@
+#include "batchtune/training/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <dirent.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/stat.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "batchtune/common/atomic_file.h"
+#include "batchtune/common/error.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/models/model.h"
+
+namespace batchtune {
+namespace {
+
+// Version 2: tensors checksummed, the run's identity recorded, the optimizer
+// as one checksummed byte tensor. Version 1 (no "format" entry) is refused
+// with a message that says so.
+constexpr const char* kFormat = "batchtune-checkpoint/2";
+
+/// Relative difference below which two learning rates are the same (they go
+/// through JSON and the plan's scaling arithmetic).
+constexpr double kLrTolerance = 1e-9;
+
+/// The files a checkpoint write makes, whose temporaries a killed run leaves.
+const std::array<const char*, 3> kCheckpointFiles = {kCheckpointFile, kModelStateFile,
+                                                     kModelScriptFile};
+
+std::array<uint32_t, 256> make_crc_table() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+
+uint32_t crc_of(const at::Tensor& tensor) {
+  const at::Tensor t = tensor.contiguous();
+  return crc32_of(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+}
+
+at::Tensor bytes_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+nlohmann::json to_json(const RunIdentity& r) {
+  return {{"model", r.model},         {"input", r.input},
+          {"optimizer", r.optimizer}, {"amp", r.amp},
+          {"world_size", r.world_size}, {"global_batch_size", r.global_batch_size},
+          {"train_size", r.train_size}, {"seed", r.seed},
+          {"lr", r.lr},               {"warmup_steps", r.warmup_steps}};
+}
+
+RunIdentity identity_from_json(const nlohmann::json& j) {
+  RunIdentity r;
+  r.model = j.at("model").get<std::string>();
+  r.input = j.at("input").get<std::string>();
+  r.optimizer = j.at("optimizer").get<std::string>();
+  r.amp = j.at("amp").get<std::string>();
+  r.world_size = j.at("world_size").get<int64_t>();
+  r.global_batch_size = j.at("global_batch_size").get<int64_t>();
+  r.train_size = j.at("train_size").get<int64_t>();
+  r.seed = j.at("seed").get<uint64_t>();
+  r.lr = j.at("lr").get<double>();
+  r.warmup_steps = j.at("warmup_steps").get<int64_t>();
+  return r;
+}
+
+nlohmann::json optional_json(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json();
+}
+
+std::optional<double> optional_double(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return j.get<double>();
+}
+
+// The whole summary, so that a finished run's is re-emitted as it was.
+nlohmann::json to_json_full(const TrainSummary& s) {
+  return {{"steps", s.steps},
+          {"samples", s.samples},
+          {"epochs", s.epochs},
+          {"final_loss", s.final_loss},
+          {"test_accuracy", optional_json(s.test_accuracy)},
+          {"oom_recoveries", s.oom_recoveries},
+          {"micro_batch_size", s.micro_batch_size},
+          {"accumulation_steps", s.accumulation_steps},
+          {"global_batch_size", s.global_batch_size},
+          {"world_size", s.world_size},
+          {"skipped_steps", s.skipped_steps},
+          {"seconds", s.seconds},
+          {"samples_per_s", s.samples_per_s},
+          {"data_wait_fraction", s.data_wait_fraction},
+          {"resumed_from_step", s.resumed_from_step},
+          {"complete", s.complete},
+          {"interrupted_by", s.interrupted_by},
+          {"noise_scale", optional_json(s.noise_scale)}};
+}
+
+TrainSummary summary_from_json(const nlohmann::json& j) {
+  TrainSummary s;
+  s.steps = j.at("steps").get<int64_t>();
+  s.samples = j.at("samples").get<int64_t>();
+  s.epochs = j.at("epochs").get<double>();
+  s.final_loss = j.at("final_loss").get<double>();
+  s.test_accuracy = optional_double(j.at("test_accuracy"));
+  s.oom_recoveries = j.at("oom_recoveries").get<int64_t>();
+  s.micro_batch_size = j.at("micro_batch_size").get<int64_t>();
+  s.accumulation_steps = j.at("accumulation_steps").get<int64_t>();
+  s.global_batch_size = j.at("global_batch_size").get<int64_t>();
+  s.world_size = j.at("world_size").get<int64_t>();
+  s.skipped_steps = j.at("skipped_steps").get<int64_t>();
+  s.seconds = j.at("seconds").get<double>();
+  s.samples_per_s = j.at("samples_per_s").get<double>();
+  s.data_wait_fraction = j.at("data_wait_fraction").get<double>();
+  s.resumed_from_step = j.at("resumed_from_step").get<int64_t>();
+  s.complete = j.at("complete").get<bool>();
+  s.interrupted_by = j.at("interrupted_by").get<std::string>();
+  s.noise_scale = optional_double(j.at("noise_scale"));
+  return s;
+}
+
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::vector<std::string> names;
+  names.reserve(named.size());
+  for (const auto& [name, tensor] : named) names.push_back(name);
+  return names;
+}
+
+/// A state dict in the format of `torch.save`: `{name: tensor}` on the CPU.
+/// As `torch::pickle_save`, but with no TorchScript type tags on the dict,
+/// so that `torch.load(..., weights_only=True)` (the default) accepts it.
+std::string state_dict_bytes(Model& model) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, p] : model.named_parameters()) dict.insert(name, p.detach().cpu());
+  for (const auto& [name, b] : model.named_buffers()) dict.insert(name, b.detach().cpu());
+  std::string pickled;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickled.append(data, size); },
+                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::string archive;
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+      archive.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
+                                       pickler.tensorData(), writer);
+  }  // the writer finishes the zip when it goes
+  return archive;
+}
+
+}  // namespace
+
+uint32_t crc32_of(const void* data, size_t size, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = make_crc_table();
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+void check_same_run(const RunIdentity& saved, const RunIdentity& expected,
+                    const std::string& path) {
+  const auto refuse = [&](const char* field, const std::string& was, const std::string& is,
+                          const char* flag) {
+    throw Error(fmt::format("--resume: {} was written by a run with {} {}, this one has {}; "
+                            "resume with the same {}, or give another --checkpoint DIR to "
+                            "start afresh",
+                            path, field, was, is, flag));
+  };
+  if (saved.model != expected.model) refuse("model", saved.model, expected.model, "--model");
+  if (saved.input != expected.input) refuse("input", saved.input, expected.input, "--input");
+  if (saved.optimizer != expected.optimizer) {
+    refuse("optimizer", saved.optimizer, expected.optimizer, "--optimizer");
+  }
+  if (saved.amp != expected.amp) refuse("amp", saved.amp, expected.amp, "--amp");
+  if (saved.world_size != expected.world_size) {
+    refuse("world size", std::to_string(saved.world_size), std::to_string(expected.world_size),
+           "number of processes (launch --nproc)");
+  }
+  if (saved.global_batch_size != expected.global_batch_size) {
+    refuse("global batch", std::to_string(saved.global_batch_size),
+           std::to_string(expected.global_batch_size), "--target-batch (or --plan)");
+  }
+  if (saved.train_size != expected.train_size) {
+    refuse("training samples", std::to_string(saved.train_size),
+           std::to_string(expected.train_size), "--data");
+  }
+  if (saved.seed != expected.seed) {
+    refuse("seed", std::to_string(saved.seed), std::to_string(expected.seed), "--seed");
+  }
+  if (std::abs(saved.lr - expected.lr) > kLrTolerance * std::max(saved.lr, expected.lr)) {
+    refuse("lr", fmt::format("{:.6g}", saved.lr), fmt::format("{:.6g}", expected.lr),
+           "--lr / --base-lr");
+  }
+  if (saved.warmup_steps != expected.warmup_steps) {
+    refuse("warm-up", std::to_string(saved.warmup_steps), std::to_string(expected.warmup_steps),
+           "--warmup");
+  }
+}
+
+int remove_stale_checkpoint_files(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  std::vector<std::string> stale;
+  while (const dirent* entry = ::readdir(d)) {
+    const std::string name = entry->d_name;
+    for (const char* file : kCheckpointFiles) {
+      const std::string prefix = std::string(file) + ".tmp.";
+      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string pid_text = name.substr(prefix.size());
+      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) {
+        continue;  // not a temporary of ours
+      }
+      const auto pid = static_cast<pid_t>(std::stol(pid_text));
+      // A writer that still runs (or that we may not signal) keeps its file.
+      if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(name);
+    }
+  }
+  ::closedir(d);
+  for (const auto& name : stale) {
+    if (::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
+void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
+                      const CheckpointRecord& record) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    throw Error(fmt::format("--checkpoint {}: cannot make the directory ({}); check that its "
+                            "parent exists and is writable",
+                            dir, std::strerror(errno)));
+  }
+  remove_stale_checkpoint_files(dir);
+  BudgetAllocator::UncountedScope uncounted;  // host copies, not device memory
+  torch::serialize::OutputArchive archive;
+  nlohmann::json crcs = nlohmann::json::object();
+  const auto put = [&](const std::string& key, const at::Tensor& tensor, bool is_buffer) {
+    const at::Tensor t = tensor.detach().cpu().contiguous();
+    crcs[key] = crc_of(t);
+    archive.write(key, t, is_buffer);
+  };
+  const auto params = target.model.named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    put("model/param/" + std::to_string(i), params[i].second, false);
+  }
+  const auto buffers = target.model.named_buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    put("model/buffer/" + std::to_string(i), buffers[i].second, true);
+  }
+  {
+    torch::serialize::OutputArchive optimizer;
+    target.optimizer.save(optimizer);
+    std::ostringstream bytes;
+    optimizer.save_to(bytes);
+    put("optimizer", bytes_tensor(bytes.str()), false);
+  }
+  put("scaler", at::tensor(target.scaler.state(), at::TensorOptions().dtype(at::kDouble)), false);
+  put("generator", at::detail::getDefaultCPUGenerator().get_state(), false);
+
+  const CheckpointPosition& p = record.position;
+  nlohmann::json meta = {
+      {"format", kFormat},
+      {"identity", to_json(record.identity)},
+      {"position",
+       {{"step", p.step},
+        {"epoch", p.epoch},
+        {"batch_in_epoch", p.batch_in_epoch},
+        {"samples", p.samples},
+        {"oom_recoveries", p.oom_recoveries}}},
+      {"plan", to_json(record.plan)},
+      {"parameters", names_of(params)},
+      {"buffers", names_of(buffers)},
+      {"crc32", crcs},
+      {"summary", record.summary ? to_json_full(*record.summary) : nlohmann::json()},
+  };
+  const std::string meta_text = meta.dump();
+  archive.write("meta", c10::IValue(meta_text));
+  archive.write("meta_crc32",
+                c10::IValue(static_cast<int64_t>(crc32_of(meta_text.data(), meta_text.size()))));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  write_file_atomically(dir + "/" + kCheckpointFile, bytes.str());
+  // What users load: the weights by name, and a TorchScript model as one.
+  write_file_atomically(dir + "/" + kModelStateFile, state_dict_bytes(target.model));
+  if (auto script = target.model.torchscript_bytes()) {
+    write_file_atomically(dir + "/" + kModelScriptFile, *script);
+  }
+}
+
+std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
+                                                const RunIdentity& expected,
+                                                const CheckpointTarget& target) {
+  const std::string path = dir + "/" + kCheckpointFile;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  remove_stale_checkpoint_files(dir);
+  BudgetAllocator::UncountedScope uncounted;
+  const auto not_ours = [&](const std::string& why) {
+    return Error(fmt::format("--resume: {} is not a batchtune checkpoint ({}); delete it, or give "
+                             "another --checkpoint DIR to start afresh",
+                             path, why));
+  };
+  const auto corrupt = [&](const std::string& what) {
+    return Error(fmt::format("--resume: {} is corrupt ({}); restore a good copy, or delete it "
+                             "to start afresh",
+                             path, what));
+  };
+  torch::serialize::InputArchive archive;
+  nlohmann::json meta;
+  try {
+    archive.load_from(path, c10::Device(c10::kCPU));
+  } catch (const std::exception& e) {
+    throw not_ours(first_line(e.what()));
+  }
+  try {
+    c10::IValue meta_value;
+    archive.read("meta", meta_value);
+    const std::string& text = meta_value.toStringRef();
+    c10::IValue crc_value;
+    if (!archive.try_read("meta_crc32", crc_value)) {
+      throw not_ours("written by an older batchtune, without checksums");
+    }
+    if (static_cast<uint32_t>(crc_value.toInt()) != crc32_of(text.data(), text.size())) {
+      throw corrupt("its record does not match its checksum");
+    }
+    meta = nlohmann::json::parse(text);
+    if (meta.value("format", "") != kFormat) {
+      throw not_ours("format " + meta.value("format", std::string("unknown")) + ", not " +
+                     kFormat);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw not_ours(first_line(e.what()));
+  }
+
+  CheckpointRecord record;
+  std::vector<std::string> param_names;
+  std::vector<std::string> buffer_names;
+  try {
+    record.identity = identity_from_json(meta.at("identity"));
+    const auto& p = meta.at("position");
+    record.position.step = p.at("step").get<int64_t>();
+    record.position.epoch = p.at("epoch").get<int64_t>();
+    record.position.batch_in_epoch = p.at("batch_in_epoch").get<int64_t>();
+    record.position.samples = p.at("samples").get<int64_t>();
+    record.position.oom_recoveries = p.at("oom_recoveries").get<int64_t>();
+    record.plan = plan_from_json(meta.at("plan"), "--resume " + path);
+    if (!meta.at("summary").is_null()) record.summary = summary_from_json(meta.at("summary"));
+    param_names = meta.at("parameters").get<std::vector<std::string>>();
+    buffer_names = meta.at("buffers").get<std::vector<std::string>>();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw not_ours(first_line(e.what()));
+  }
+  check_same_run(record.identity, expected, path);
+
+  const auto params = target.model.named_parameters();
+  const auto buffers = target.model.named_buffers();
+  if (names_of(params) != param_names || names_of(buffers) != buffer_names) {
+    throw Error(fmt::format("--resume: {} holds other parameters than the model ({} and {} "
+                            "buffers there, {} and {} here); use the same --model",
+                            path, param_names.size(), buffer_names.size(), params.size(),
+                            buffers.size()));
+  }
+  // Every tensor read and checked before anything of the target changes.
+  const auto& crcs = meta.at("crc32");
+  const auto get = [&](const std::string& key, bool is_buffer) {
+    at::Tensor t;
+    try {
+      archive.read(key, t, is_buffer);
+    } catch (const std::exception& e) {
+      throw not_ours(key + " missing: " + first_line(e.what()));
+    }
+    if (!crcs.contains(key) || crcs.at(key).get<uint32_t>() != crc_of(t)) {
+      throw corrupt(key + " does not match its checksum");
+    }
+    return t;
+  };
+  const auto check_shape = [&](const at::Tensor& saved, const at::Tensor& live,
+                               const std::string& name) {
+    if (saved.sizes() != live.sizes() || saved.scalar_type() != live.scalar_type()) {
+      throw Error(fmt::format("--resume: {} holds {} as {} {}, the model has {} {}; use the same "
+                              "--model and --input",
+                              path, name, c10::toString(saved.scalar_type()),
+                              c10::str(saved.sizes()), c10::toString(live.scalar_type()),
+                              c10::str(live.sizes())));
+    }
+  };
+  std::vector<at::Tensor> saved_params;
+  for (size_t i = 0; i < params.size(); ++i) {
+    saved_params.push_back(get("model/param/" + std::to_string(i), false));
+    check_shape(saved_params.back(), params[i].second, params[i].first);
+  }
+  std::vector<at::Tensor> saved_buffers;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    saved_buffers.push_back(get("model/buffer/" + std::to_string(i), true));
+    check_shape(saved_buffers.back(), buffers[i].second, buffers[i].first);
+  }
+  const at::Tensor optimizer_bytes = get("optimizer", false);
+  const at::Tensor scaler = get("scaler", false).to(at::kDouble);
+  const at::Tensor generator = get("generator", false);
+
+  try {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(saved_params[i]);
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(saved_buffers[i]);
+    torch::serialize::InputArchive optimizer;
+    optimizer.load_from(static_cast<const char*>(optimizer_bytes.data_ptr()),
+                        static_cast<size_t>(optimizer_bytes.numel()), c10::Device(c10::kCPU));
+    target.optimizer.load(optimizer);
+    target.scaler.load_state(
+        {scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});
+    at::Generator default_generator = at::detail::getDefaultCPUGenerator();
+    default_generator.set_state(generator);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("--resume: {} does not load into this run ({}); give another "
+                            "--checkpoint DIR to start afresh",
+                            path, first_line(e.what())));
+  }
+  return record;
+}
+
+}  // namespace batchtune
