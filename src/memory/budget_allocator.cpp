@@ -58,11 +58,14 @@ c10::DataPtr BudgetAllocator::allocate(size_t bytes) {
       ++oom_count_;
       const int64_t live = live_bytes_;
       const int64_t budget = budget_;
+      // The first sentence is the form of LibTorch's own CPU allocator, which
+      // Python code that recognises an out-of-memory (PyTorch's, Lightning's,
+      // accelerate's) matches on.
       TORCH_CHECK_WITH(OutOfMemoryError, false,
-                       "out of memory on the emulated device (cpu budget): tried to allocate ",
-                       format_bytes(static_cast<int64_t>(bytes)), "; ",
-                       format_bytes(live), " of ", format_bytes(budget),
-                       " already in use");
+                       "DefaultCPUAllocator: can't allocate memory: you tried to allocate ",
+                       bytes, " bytes. out of memory on the emulated device (cpu budget): "
+                       "tried to allocate ", format_bytes(static_cast<int64_t>(bytes)), "; ",
+                       format_bytes(live), " of ", format_bytes(budget), " already in use");
     }
     auto hit = cache_.find(capacity);
     if (hit != cache_.end() && !hit->second.empty()) {
@@ -147,6 +150,12 @@ void BudgetAllocator::reset_peak() {
 int64_t BudgetAllocator::oom_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return oom_count_;
+}
+
+bool BudgetAllocator::counts(const void* ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = live_.find(const_cast<void*>(ptr));
+  return it != live_.end() && it->second.counted;
 }
 
 int64_t BudgetAllocator::cached_bytes() const {
