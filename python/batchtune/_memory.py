@@ -38,8 +38,22 @@ def parse_limit(limit: MemoryLimit) -> Optional[int]:
     return int(limit)
 
 
+def python_names(error: Exception) -> Exception:
+    """The C++ core's message with its CLI flag (`--memory-limit:`) named as
+    the Python argument (`memory_limit:`)."""
+    text = str(error)
+    head, sep, rest = text.partition(":")
+    if sep and head.startswith("--") and " " not in head:
+        text = head[2:].replace("-", "_") + sep + rest
+        text = text.replace("give a larger limit", "give a larger memory_limit")
+    return type(error)(text)
+
+
 def device_memory(device: torch.device, limit: MemoryLimit) -> "_core.DeviceMemory":
-    return _core.make_device_memory(str(device), parse_limit(limit))
+    try:
+        return _core.make_device_memory(str(device), parse_limit(limit))
+    except _core.Error as e:
+        raise python_names(e) from None
 
 
 @contextlib.contextmanager

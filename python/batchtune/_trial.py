@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import _core
+from ._memory import python_names
 from ._snapshot import TrainingSnapshot
 from ._step import LossFn, TrainStep, to_device
 
@@ -168,7 +169,10 @@ class Runner:
         self.memory = memory
         self.margin = margin
         if getattr(_core, "HAS_TRIAL_SUBJECT", False):
-            self._cpp = _core.TrialRunner(subject, memory, margin)
+            try:
+                self._cpp = _core.TrialRunner(subject, memory, margin)
+            except _core.Error as e:
+                raise python_names(e) from None
         else:
             self._cpp = None
             memory.set_usable_bytes(int(math.floor(memory.capacity_bytes * (1 - margin))))
@@ -177,6 +181,8 @@ class Runner:
         if self._cpp is not None:
             try:
                 return self._cpp.run(options)
+            except _core.Error as e:
+                raise python_names(e) from None
             finally:
                 # The C++ runner restored the state; the Python side drops what
                 # a failed step left referenced.
