@@ -105,6 +105,6 @@ def uncounted_bytes(tensors) -> int:
         if key == 0 or key in seen:
             continue
         seen.add(key)
-        if not _core.budget_counts(key):
+        if not _core.budget_counts(t):
             total += t.untyped_storage().nbytes()
     return total

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <memory>
 #include <optional>
@@ -93,9 +94,12 @@ void bind_memory(py::module_& m) {
     auto* b = BudgetAllocator::installed();
     return b ? b->budget() : BudgetAllocator::kUnlimited;
   });
-  m.def("budget_counts", [](uintptr_t ptr) {
+  // Whether a tensor's memory is the budget's: made after it was installed
+  // (a storage keeps the deleter of the allocator that made it).
+  m.def("budget_counts", [](const at::Tensor& tensor) {
     auto* b = BudgetAllocator::installed();
-    return b != nullptr && b->counts(reinterpret_cast<const void*>(ptr));
+    if (b == nullptr || !tensor.defined() || !tensor.has_storage()) return false;
+    return tensor.storage().data_ptr().get_deleter() == b->raw_deleter();
   });
   m.attr("UNLIMITED") = BudgetAllocator::kUnlimited;
   m.def("parse_size", &parse_size, py::arg("text"), py::arg("what") = "memory_limit");

@@ -152,12 +152,6 @@ int64_t BudgetAllocator::oom_count() const {
   return oom_count_;
 }
 
-bool BudgetAllocator::counts(const void* ptr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto it = live_.find(const_cast<void*>(ptr));
-  return it != live_.end() && it->second.counted;
-}
-
 int64_t BudgetAllocator::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cached_bytes_;

@@ -59,10 +59,6 @@ class BudgetAllocator final : public c10::Allocator {
   void reset_peak();
   /// Number of allocations refused since install.
   int64_t oom_count() const;
-  /// Whether the block at `ptr` (a storage's data pointer) is live and
-  /// counted against the budget: false for memory allocated before
-  /// `install()` or inside an `UncountedScope`.
-  bool counts(const void* ptr) const;
   /// Bytes held in the cache of freed blocks.
   int64_t cached_bytes() const;
   /// Frees every cached block back to the system.
