@@ -1,5 +1,5 @@
 """The README's "From Python" example: tune the nn.Module you already train,
-then train with the plan. Runs on a CPU as written (an emulated 512 MiB device);
+then train with the plan. Runs on a CPU as written (an emulated 256 MiB device);
 on a GPU leave out memory_limit.
 
     python examples/python/from_python.py
@@ -15,7 +15,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
 def make_batch(n):
     # The heaviest batch the training will see: n samples of your data's shape.
-    return torch.randn(n, 3, 64, 64), torch.randint(0, 10, (n,))
+    return torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
 
 
 def loss_fn(model, batch):
@@ -24,7 +24,7 @@ def loss_fn(model, batch):
 
 
 result = batchtune.tune(model, optimizer, loss_fn, make_batch,
-                        memory_limit="512MiB",  # CPU: the emulated device; omit on a GPU
+                        memory_limit="256MiB",  # CPU: the emulated device; omit on a GPU
                         target_batch=256, time_budget=60, report="tune.html")
 print("largest batch that fits:", result.max_batch_size)
 print("chosen micro-batch:     ", result.chosen_batch_size, "-", result.reason)
