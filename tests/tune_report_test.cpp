@@ -92,7 +92,7 @@ TuneResult sample_report() {
   plan.micro_batch_size = 512;
   plan.accumulation_steps = 2;
   plan.global_batch_size = 1024;
-  plan.reasons = {"global batch 1024 as asked with --target-batch"};
+  plan.reasons = {{PlanField::kGlobalBatch, "global batch 1024 as asked with --target-batch"}};
   r.plan = plan;
   r.command_line = "batchtune tune --model convnet --report r.html";
   r.generated_at = "2026-12-01 20:45 UTC";

@@ -60,11 +60,14 @@ c10::DataPtr BudgetAllocator::allocate(size_t bytes) {
       ++oom_count_;
       const int64_t live = live_bytes_;
       const int64_t budget = budget_;
+      // The first sentence is the form of LibTorch's own CPU allocator, which
+      // Python code that recognises an out-of-memory (PyTorch's, Lightning's,
+      // accelerate's) matches on.
       TORCH_CHECK_WITH(OutOfMemoryError, false,
-                       "out of memory on the emulated device (cpu budget): tried to allocate ",
-                       format_bytes(static_cast<int64_t>(bytes)), "; ",
-                       format_bytes(live), " of ", format_bytes(budget),
-                       " already in use");
+                       "DefaultCPUAllocator: can't allocate memory: you tried to allocate ",
+                       bytes, " bytes. out of memory on the emulated device (cpu budget): "
+                       "tried to allocate ", format_bytes(static_cast<int64_t>(bytes)), "; ",
+                       format_bytes(live), " of ", format_bytes(budget), " already in use");
     }
     // The size's free list exists from the first block of that size on, so
     // that release() never has to make it. May throw bad_alloc: here that

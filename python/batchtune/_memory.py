@@ -1,0 +1,110 @@
+"""The measured device and its memory: the CUDA caching allocator, or on the CPU
+the emulated byte budget that C++ installs as LibTorch's CPU allocator (the
+extension and Python's torch share one LibTorch, so Python's tensors count)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Union
+
+import torch
+
+from . import _core
+
+MemoryLimit = Union[int, str, None]
+
+
+def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    """`None`/"auto": CUDA device 0 when there is one, else the CPU."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+    if device.type not in ("cpu", "cuda"):
+        raise _core.Error(f"device: '{device}' is not supported; use cpu or cuda[:N]")
+    return device
+
+
+def parse_limit(limit: MemoryLimit) -> Optional[int]:
+    """Bytes of a memory limit given as bytes or as text ("512MiB", "2GiB")."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, (int, str)):
+        raise _core.Error(f"memory_limit: give bytes (an int) or a size like '512MiB', got {limit!r}")
+    if isinstance(limit, str):
+        return _core.parse_size(limit, "memory_limit")
+    if limit < 1:
+        raise _core.Error(f"memory_limit: must be at least 1 byte, got {limit}")
+    return int(limit)
+
+
+def python_names(error: Exception) -> Exception:
+    """The C++ core's message with its CLI flag (`--memory-limit:`) named as
+    the Python argument (`memory_limit:`)."""
+    text = str(error)
+    head, sep, rest = text.partition(":")
+    if sep and head.startswith("--") and " " not in head:
+        text = head[2:].replace("-", "_") + sep + rest
+        text = text.replace("give a larger limit", "give a larger memory_limit")
+    return type(error)(text)
+
+
+def device_memory(device: torch.device, limit: MemoryLimit) -> "_core.DeviceMemory":
+    try:
+        return _core.make_device_memory(str(device), parse_limit(limit))
+    except _core.Error as e:
+        raise python_names(e) from None
+
+
+@contextlib.contextmanager
+def emulated_memory(limit: MemoryLimit) -> Iterator["_core.DeviceMemory"]:
+    """Runs the block with the CPU's emulated device memory set to `limit`:
+    any CPU allocation past it raises `torch.OutOfMemoryError`, as a full GPU
+    does. The previous budget comes back afterwards.
+
+    Example::
+
+        with batchtune.emulated_memory("256MiB"):
+            trainer.step(batch)      # an out-of-memory here is recovered from
+    """
+    previous = _core.budget_get()
+    memory = device_memory(torch.device("cpu"), limit)
+    try:
+        yield memory
+    finally:
+        _core.budget_set(previous)
+
+
+@contextlib.contextmanager
+def restored_budget() -> Iterator[None]:
+    """Puts the CPU budget back as it was (a tune's limit is only the tune's)."""
+    installed = _core.budget_installed()
+    previous = _core.budget_get()
+    try:
+        yield
+    finally:
+        if installed or _core.budget_installed():
+            _core.budget_set(previous if installed else -1)
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def uncounted_bytes(tensors) -> int:
+    """Bytes of the distinct CPU storages among `tensors` that the budget does
+    not count (they were allocated before it was installed)."""
+    if not _core.budget_installed():
+        return 0
+    seen = set()
+    total = 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            continue
+        key = storage_key(t)
+        if key == 0 or key in seen:
+            continue
+        seen.add(key)
+        if not _core.budget_counts(t):
+            total += t.untyped_storage().nbytes()
+    return total

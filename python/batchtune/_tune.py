@@ -1,0 +1,411 @@
+"""probe, tune and env: the Python faces of `batchtune probe`, `tune` and `env`.
+
+The C++ core searches, sweeps, chooses, plans and writes the report; Python
+supplies the model, the optimizer, the loss and the batches."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+
+import torch
+
+from . import _core, _distributed
+from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
+from ._step import LossFn
+from ._trial import MakeBatch, Runner, Subject
+from .plan import Plan, optimizer_kind
+
+# Search trials: one untimed step (it allocates the optimizer state, which
+# must be counted) and one timed step, as `batchtune tune`.
+_SEARCH_WARMUP_STEPS = 1
+_SEARCH_TIMED_STEPS = 1
+
+
+def env() -> Dict[str, Any]:
+    """What the machine has, as `batchtune env --json`: `torch_version`,
+    `cuda_available`, `cuda_reason`, `devices`, `nvml_available`, `cpu_cores`,
+    `ram_total_bytes`, ...
+
+    Example::
+
+        >>> batchtune.env()["cuda_available"]
+        False
+    """
+    return json.loads(_core.env_json())
+
+
+@dataclasses.dataclass
+class ProbeResult:
+    """One trial: does `batch_size` fit, at what peak memory, how fast.
+
+    `fits` is True only if the step ran and its peak stayed within the usable
+    memory (capacity × (1 − margin)); `failure` is then None, else
+    `out_of_memory`, `over_budget` or `does_not_run`, with `error` saying why.
+    """
+
+    batch_size: int
+    fits: bool
+    peak_bytes: int
+    capacity_bytes: int
+    usable_bytes: int
+    margin: float
+    steps: int
+    step_ms: float
+    step_ms_spread: float
+    samples_per_s: float
+    busy: float
+    loss: float
+    failure: Optional[str]
+    error: Optional[str]
+    _json: str = dataclasses.field(repr=False, default="{}")
+
+    @classmethod
+    def _from_core(cls, t: "_core.TrialResult") -> "ProbeResult":
+        return cls(batch_size=t.batch_size, fits=t.fits, peak_bytes=t.peak_bytes,
+                   capacity_bytes=t.capacity_bytes, usable_bytes=t.usable_bytes,
+                   margin=t.margin, steps=t.steps_run, step_ms=t.step_ms,
+                   step_ms_spread=t.step_ms_spread, samples_per_s=t.samples_per_s, busy=t.busy,
+                   loss=t.loss, failure=None if t.failure == "none" else t.failure,
+                   error=t.error or None, _json=t.to_json())
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields of `batchtune probe --json`."""
+        return json.loads(self._json)
+
+
+@dataclasses.dataclass
+class SweepRow:
+    """Training at one batch size: median throughput and step time, peak memory."""
+
+    batch_size: int
+    samples_per_s: float
+    samples_per_s_spread: float
+    step_ms: float
+    busy: float
+    peak_bytes: int
+    steps: int
+
+    @classmethod
+    def _from_core(cls, r: "_core.SweepRow") -> "SweepRow":
+        return cls(r.batch_size, r.samples_per_s, r.samples_per_s_spread, r.step_ms, r.busy,
+                   r.peak_bytes, r.steps)
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What `tune` found.
+
+    `max_batch_size` is the largest batch that was tried and fitted (0 when
+    not even 1 fits); `chosen_batch_size` the one the objective chose from the
+    sweep (the plan's micro-batch); `complete` False when Ctrl-C ended it.
+    """
+
+    max_batch_size: int
+    chosen_batch_size: int
+    plan: Optional[Plan]
+    trials: List[ProbeResult]
+    sweep: List[SweepRow]
+    complete: bool
+    reason: str
+    diagnosis: str
+    seconds: float
+    report: Optional[str]
+    _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The same fields as `batchtune tune --json`: `max_batch_size`,
+        `search`, `trials`, `sweep`, `chosen_batch_size`, `objective`,
+        `diagnosis`, `plan`, `loader`, `loader_note`, `complete`, ..."""
+        return json.loads(json.dumps(self._json))
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self._json, **kwargs)
+
+
+def _check_callables(model, optimizer, loss_fn, make_batch) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise _core.Error(f"model: must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise _core.Error(f"optimizer: must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not callable(loss_fn):
+        raise _core.Error("loss_fn: must be callable as loss_fn(model, batch) -> scalar loss")
+    if not callable(make_batch):
+        raise _core.Error("make_batch: must be callable as make_batch(n) -> a batch of n samples")
+
+
+def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+    for p in model.parameters():
+        yield p
+        yield p.grad
+    yield from model.buffers()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            yield p
+            yield p.grad
+    for st in optimizer.state.values():
+        yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+
+@contextlib.contextmanager
+def _measured_device(device: torch.device, memory_limit: MemoryLimit, model, optimizer):
+    """The device memory for a tune or probe; on the CPU the model and
+    optimizer state made before the budget was installed are charged to it
+    (a ballast of their size, never touched, so it costs no RAM), so that
+    the budget sees what a GPU would hold."""
+    with restored_budget():
+        memory = device_memory(device, memory_limit)
+        ballast = None
+        if device.type == "cpu":
+            resident = uncounted_bytes(_state_tensors(model, optimizer))
+            if resident > 0:
+                if resident > memory.capacity_bytes:
+                    raise _core.Error(
+                        f"memory_limit: {_core.format_bytes(memory.capacity_bytes)} is less than the "
+                        f"model's own {_core.format_bytes(resident)}; give a larger limit")
+                ballast = torch.empty(resident, dtype=torch.uint8)
+        try:
+            yield memory
+        finally:
+            del ballast
+            memory.release_cached()
+
+
+def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+          make_batch: MakeBatch, batch_size: int = 64, *, device: Union[str, torch.device, None] = None,
+          memory_limit: MemoryLimit = None, margin: float = 0.1, steps: int = 3,
+          warmup_steps: int = 1, amp: str = "off") -> ProbeResult:
+    """One trial: the real step (your forward and loss, backward, your
+    optimizer's step) at `batch_size`; does it fit, how much memory at peak,
+    how fast. The model, optimizer, gradients, random generators and autocast
+    state are left bit-identical, whether it fits or not.
+
+    Args:
+        make_batch: `make_batch(n)` returns `n` samples (tensor, tuple or dict)
+            — the heaviest batch the training will see. Moved to `device`.
+        loss_fn: `loss_fn(model, batch)` runs your forward and returns the
+            scalar loss.
+        memory_limit: on the CPU the emulated device's size (bytes or "512MiB"),
+            default half the available RAM; on CUDA a cap below the device.
+
+    Example::
+
+        r = batchtune.probe(model, opt, loss_fn, make_batch, batch_size=64,
+                            memory_limit="1GiB")
+        print(r.fits, r.peak_bytes, r.samples_per_s, r.error)
+    """
+    _check_callables(model, optimizer, loss_fn, make_batch)
+    dev = resolve_device(device)
+    with _measured_device(dev, memory_limit, model, optimizer) as memory:
+        subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp)
+        runner = Runner(subject, memory, margin)
+        t = runner.run(_core.TrialOptions(batch_size=batch_size, steps=steps,
+                                          warmup_steps=warmup_steps))
+    return ProbeResult._from_core(t)
+
+
+def _say(verbose: bool, text: str) -> None:
+    if verbose:
+        print(text, file=sys.stderr, flush=True)
+
+
+def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+         make_batch: MakeBatch, device: Union[str, torch.device, None] = None, amp: str = "auto",
+         objective: str = "throughput", target_batch: Optional[int] = None,
+         memory_limit: MemoryLimit = None, margin: float = 0.1, time_budget: float = 120,
+         report: Optional[str] = "tune.html", *, strategy: str = "predict",
+         max_batch: int = 8192, tolerance: float = 0.02, search_tolerance: float = 0.02,
+         sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
+         lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
+         group: Optional[Any] = None, verbose: bool = False) -> TuneResult:
+    """Finds the largest batch your training step fits at, sweeps speed against
+    batch size up to it, chooses, and plans the training — every trial your own
+    step, leaving no trace.
+
+    Args:
+        model, optimizer: what you train; the optimizer's own state is measured.
+        loss_fn: `loss_fn(model, batch)` → the scalar loss (your forward).
+        make_batch: `make_batch(n)` → a batch of `n` samples (tensor, tuple or
+            dict), the heaviest the training will see.
+        device: "cpu", "cuda", "cuda:N", or None for CUDA when there is one.
+        amp: "auto" (bf16 or fp16 on CUDA by capability; on the CPU bf16 only
+            when a measured step is 10 % faster), "off", "bf16", "fp16".
+        objective: "throughput" (the smallest batch within `tolerance` of the
+            fastest) or "max-fit" (the largest).
+        target_batch: the logical batch to reach by gradient accumulation.
+        memory_limit: the CPU's emulated device size, or a cap on CUDA.
+        margin: share of the capacity kept free.
+        time_budget: seconds; the search stops with the best size so far.
+        report: path of the HTML report, or None.
+        sweep: False stops after the search (the plan takes the maximum).
+        base_lr, base_batch: the lr known to work at `base_batch` (default the
+            optimizer's lr, at the chosen micro-batch).
+        group: the `torch.distributed` process group (default: the world when
+            initialised): the minimum over ranks, one plan to every rank.
+
+    Ctrl-C ends it with what was measured (`complete` False), leaving no trace.
+
+    Example::
+
+        result = batchtune.tune(model, opt, loss_fn, make_batch, memory_limit="1GiB")
+        print(result.max_batch_size, result.chosen_batch_size, result.plan)
+    """
+    _check_callables(model, optimizer, loss_fn, make_batch)
+    if amp not in ("auto", "off", "bf16", "fp16"):
+        raise _core.Error(f"amp: '{amp}' is not one of auto, off, bf16, fp16")
+    if objective not in ("throughput", "max-fit"):
+        raise _core.Error(f"objective: '{objective}' from Python is throughput or max-fit "
+                          "(goodput and energy: the CLI)")
+    if not (0 <= tolerance < 1):
+        raise _core.Error(f"tolerance: must be at least 0 and below 1, got {tolerance}")
+    if target_batch is not None and target_batch < 1:
+        raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
+    dev = resolve_device(device)
+    world = _distributed.world_size(group)
+    primary = _distributed.rank(group) == 0
+    trial_amp = amp if amp != "auto" else "off"
+    started = time.perf_counter()
+    measured: List[_core.TrialResult] = []
+    swept: List[_core.TrialResult] = []
+    complete = True
+    search = _core.SearchResult()
+    rows: List[_core.SweepRow] = []
+    selection = _core.Selection()
+    diagnosis = _core.Diagnosis()
+    plan: Optional[Plan] = None
+    amp_choice = (trial_amp, "")
+    with _measured_device(dev, memory_limit, model, optimizer) as memory:
+        subject = Subject(model, optimizer, loss_fn, make_batch, dev, trial_amp)
+        runner = Runner(subject, memory, margin)
+        tune_report = _core.TuneReport()
+        tune_report.workload = subject.describe()
+        tune_report.device = str(dev)
+        tune_report.threads = torch.get_num_threads()
+        tune_report.objective = objective
+        tune_report.capacity_bytes = memory.capacity_bytes
+        tune_report.usable_bytes = memory.usable_bytes
+        tune_report.margin = margin
+        _say(verbose, f"{tune_report.workload} on {dev}; searching the largest batch that fits ({strategy})")
+
+        def search_trial(batch: int) -> "_core.TrialResult":
+            return runner.run(_core.TrialOptions(batch_size=batch, steps=_SEARCH_TIMED_STEPS,
+                                                 warmup_steps=_SEARCH_WARMUP_STEPS))
+
+        def on_trial(t: "_core.TrialResult", index: int) -> None:
+            measured.append(t)
+            _say(verbose, f"trial {index + 1}: batch {t.batch_size} "
+                          f"{'fits' if t.fits else 'does not fit'}, peak {_core.format_bytes(t.peak_bytes)}")
+
+        def sweep_trial(options: "_core.TrialOptions") -> "_core.TrialResult":
+            t = runner.run(options)
+            swept.append(t)
+            return t
+
+        try:
+            search = _core.search_max_batch(search_trial, strategy, max_batch, float(time_budget),
+                                            search_tolerance, on_trial)
+            own = search.max_batch_size
+            search.max_batch_size = _distributed.all_min(own, group)
+            if world > 1:
+                _say(verbose and primary, f"largest batch {own} here, {search.max_batch_size} for the job")
+            tune_report.search = search
+            if sweep and search.max_batch_size > 0:
+                rows = _core.run_sweep(sweep_trial, _core.sweep_grid(search.max_batch_size),
+                                       search.trials)
+                tune_report.sweep = rows
+                if rows:
+                    selection = _core.select_batch(rows, objective, tolerance)
+                    diagnosis = _core.diagnose(rows, selection, tolerance)
+            elif search.max_batch_size > 0:
+                selection.batch_size = search.max_batch_size
+                selection.reason = "the largest batch that fits (no sweep)"
+            if selection.batch_size > 0:
+                selection.batch_size = _distributed.all_min(selection.batch_size, group)
+                amp_choice = _choose_amp(amp, runner, subject, dev, selection.batch_size, rows)
+        except KeyboardInterrupt:
+            complete = False
+            _keep_partial(tune_report, search, measured, swept, strategy)
+            search = tune_report.search
+            rows = list(tune_report.sweep)
+            _say(verbose, f"interrupted: keeping the {len(measured) + len(swept)} trial(s) measured so far")
+        tune_report.selection = selection
+        tune_report.diagnosis = diagnosis
+        tune_report.complete = complete
+        tune_report.utilization_note = ("GPU utilization unavailable: the device is the CPU"
+                                        if dev.type == "cpu" else "utilization: not sampled from Python")
+        if complete and selection.batch_size > 0:
+            plan = None
+            if primary:
+                lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
+                plan = Plan(**json.loads(_core.make_plan(
+                    micro_batch_size=selection.batch_size, target_batch=target_batch or 0,
+                    world_size=world, base_lr=lr, base_batch=base_batch or 0,
+                    optimizer=optimizer_kind(optimizer), lr_scaling=lr_scaling or "",
+                    warmup_steps=-1 if warmup_steps is None else warmup_steps,
+                    amp=amp_choice[0], amp_reason=amp_choice[1])))
+                plan.reasons.insert(0, f"micro-batch {selection.batch_size}: {selection.reason}")
+            plan = _distributed.broadcast_object(plan, group)
+        document = json.loads(tune_report.to_json())
+        document["plan"] = plan.to_dict() if plan is not None else None
+        document["loader"] = []
+        document["loader_note"] = "loader tuning skipped: from Python the data are make_batch's"
+        document["complete"] = complete
+        if not complete:
+            document["interrupted_by"] = "KeyboardInterrupt"
+        written = None
+        if report and primary and (rows or not complete):
+            html = tune_report.html()
+            tmp = f"{report}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(html)
+            os.replace(tmp, report)
+            written = report
+    return TuneResult(
+        max_batch_size=search.max_batch_size, chosen_batch_size=selection.batch_size, plan=plan,
+        trials=[ProbeResult._from_core(t) for t in list(search.trials)],
+        sweep=[SweepRow._from_core(r) for r in rows], complete=complete,
+        reason=selection.reason, diagnosis=diagnosis.text,
+        seconds=time.perf_counter() - started, report=written, _json=document)
+
+
+def _choose_amp(amp: str, runner: Runner, subject: Subject, device: torch.device, batch: int,
+                rows) -> tuple:
+    """amp="auto": on CUDA by compute capability; on the CPU by a measured
+    bf16 step against the fp32 sweep row (the C++ rule, `choose_cpu_amp`)."""
+    if amp != "auto":
+        return amp, f"amp {amp}: asked for"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return _core.choose_cuda_amp(major, minor)
+    fp32 = next((r.step_ms for r in rows if r.batch_size == batch), None)
+    if fp32 is None:
+        fp32 = runner.run(_core.TrialOptions(batch_size=batch, steps=3, warmup_steps=1)).step_ms
+    subject.train_step.amp = "bf16"
+    try:
+        t = runner.run(_core.TrialOptions(batch_size=batch, steps=3, warmup_steps=1))
+    finally:
+        subject.train_step.amp = "off"
+    return _core.choose_cpu_amp(fp32, t.step_ms if t.fits else None)
+
+
+def _keep_partial(report, search, measured, swept, strategy: str) -> None:
+    """What an interrupted tune keeps, as the CLI: the finished trials, the
+    largest that fitted, a sweep row per size timed so far."""
+    if not list(report.search.trials):
+        s = _core.SearchResult()
+        s.set_strategy(strategy)
+        s.trials = measured
+        s.max_batch_size = max([t.batch_size for t in measured if t.fits], default=0)
+        s.steps = sum(t.steps_run for t in measured)
+        s.stop_reason = "interrupted by KeyboardInterrupt"
+        report.search = s
+    if not list(report.sweep):
+        by_size = {}
+        for t in swept:
+            if t.fits:
+                by_size[t.batch_size] = _core.sweep_row(t)
+        report.sweep = [by_size[b] for b in sorted(by_size)]

@@ -1,0 +1,1 @@
+"""Shapes that users of other tools already know (see lightning.py, accelerate.py)."""

@@ -1,0 +1,339 @@
+// batchtune._core: the C++ types as they are, for the pure-Python layer in
+// python/batchtune/. No policy here: the Python layer owns signatures,
+// defaults and messages; this layer holds the measuring and the search.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "batchtune/common/error.h"
+#include "batchtune/common/size.h"
+#include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/environment.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/reports/json_reporter.h"
+#include "batchtune/reports/tune_report.h"
+#include "batchtune/step/amp.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/tuning/search.h"
+#include "batchtune/tuning/sweep.h"
+#include "trial_subject.h"
+
+namespace py = pybind11;
+
+namespace batchtune::python {
+namespace {
+
+std::string dump(const nlohmann::json& json) { return json.dump(); }
+
+/// `with _core.uncounted():` — host copies that belong to the tool (a
+/// trial's snapshot), outside the emulated budget. Thread-local, as the C++
+/// scope it wraps.
+class UncountedContext {
+ public:
+  void enter() { scope_ = std::make_unique<BudgetAllocator::UncountedScope>(); }
+  void exit() { scope_.reset(); }
+
+ private:
+  std::unique_ptr<BudgetAllocator::UncountedScope> scope_;
+};
+
+const char* failure_name(TrialFailure failure) {
+  switch (failure) {
+    case TrialFailure::kNone: return "none";
+    case TrialFailure::kOutOfMemory: return "out_of_memory";
+    case TrialFailure::kOverBudget: return "over_budget";
+    case TrialFailure::kDoesNotRun: return "does_not_run";
+  }
+  return "none";
+}
+
+void bind_memory(py::module_& m) {
+  py::class_<DeviceMemory>(m, "DeviceMemory",
+                           "The measured device's memory: the CUDA caching allocator, or the "
+                           "CPU's emulated byte budget.")
+      .def_property_readonly("device", [](const DeviceMemory& d) { return d.device().str(); })
+      .def_property_readonly("capacity_bytes", &DeviceMemory::capacity_bytes)
+      .def_property_readonly("usable_bytes", &DeviceMemory::usable_bytes)
+      .def("set_usable_bytes", &DeviceMemory::set_usable_bytes)
+      .def_property_readonly("live_bytes", &DeviceMemory::live_bytes)
+      .def_property_readonly("peak_bytes", &DeviceMemory::peak_bytes)
+      .def("reset_peak", &DeviceMemory::reset_peak)
+      .def("release_cached", &DeviceMemory::release_cached)
+      .def("synchronize", &DeviceMemory::synchronize)
+      .def("summary", &DeviceMemory::summary);
+  m.def(
+      "make_device_memory",
+      [](const std::string& device, std::optional<int64_t> limit) {
+        return make_device_memory(parse_device(device), limit);
+      },
+      py::arg("device"), py::arg("limit") = py::none(),
+      "Memory of `device` (cpu, cuda, cuda:N). On the CPU this installs the byte-budget "
+      "allocator in the process (Python's tensors are counted from then on) with `limit` "
+      "bytes, or half the available RAM.");
+  m.def("budget_installed", [] { return BudgetAllocator::installed() != nullptr; });
+  m.def("budget_live_bytes", [] {
+    auto* b = BudgetAllocator::installed();
+    return b ? b->live_bytes() : int64_t{0};
+  });
+  m.def("budget_cached_bytes", [] {
+    auto* b = BudgetAllocator::installed();
+    return b ? b->cached_bytes() : int64_t{0};
+  });
+  m.def("budget_set", [](int64_t bytes) {
+    BudgetAllocator::install().set_budget(bytes < 0 ? BudgetAllocator::kUnlimited : bytes);
+  });
+  m.def("budget_get", [] {
+    auto* b = BudgetAllocator::installed();
+    return b ? b->budget() : BudgetAllocator::kUnlimited;
+  });
+  // Whether a tensor's memory is the budget's: made after it was installed
+  // (a storage keeps the deleter of the allocator that made it).
+  m.def("budget_counts", [](const at::Tensor& tensor) {
+    auto* b = BudgetAllocator::installed();
+    if (b == nullptr || !tensor.defined() || !tensor.has_storage()) return false;
+    return tensor.storage().data_ptr().get_deleter() == b->raw_deleter();
+  });
+  m.attr("UNLIMITED") = BudgetAllocator::kUnlimited;
+  m.def("parse_size", &parse_size, py::arg("text"), py::arg("what") = "memory_limit");
+  m.def("format_bytes", &format_bytes);
+  py::class_<UncountedContext>(m, "uncounted",
+                               "Allocations on this thread inside it are not counted against "
+                               "the emulated budget.")
+      .def(py::init<>())
+      .def("__enter__", [](UncountedContext& c) { c.enter(); })
+      .def("__exit__", [](UncountedContext& c, py::args) {
+        c.exit();
+        return false;
+      });
+}
+
+void bind_trial(py::module_& m) {
+  py::class_<TrialOptions>(m, "TrialOptions")
+      .def(py::init([](int64_t batch_size, int64_t steps, int64_t warmup_steps) {
+             return TrialOptions().batch_size(batch_size).steps(steps).warmup_steps(warmup_steps);
+           }),
+           py::arg("batch_size") = 1, py::arg("steps") = 3, py::arg("warmup_steps") = 1)
+      .def_property_readonly("batch_size", [](const TrialOptions& o) { return o.batch_size(); })
+      .def_property_readonly("steps", [](const TrialOptions& o) { return o.steps(); })
+      .def_property_readonly("warmup_steps", [](const TrialOptions& o) { return o.warmup_steps(); });
+
+  py::class_<TrialResult>(m, "TrialResult", "What one trial measured (plain data).")
+      .def(py::init<>())
+      .def_readwrite("batch_size", &TrialResult::batch_size)
+      .def_readwrite("fits", &TrialResult::fits)
+      .def_property(
+          "failure", [](const TrialResult& t) { return std::string(failure_name(t.failure)); },
+          [](TrialResult& t, const std::string& name) {
+            t.failure = name == "out_of_memory"  ? TrialFailure::kOutOfMemory
+                        : name == "over_budget"  ? TrialFailure::kOverBudget
+                        : name == "does_not_run" ? TrialFailure::kDoesNotRun
+                                                 : TrialFailure::kNone;
+          })
+      .def_readwrite("peak_bytes", &TrialResult::peak_bytes)
+      .def_readwrite("capacity_bytes", &TrialResult::capacity_bytes)
+      .def_readwrite("usable_bytes", &TrialResult::usable_bytes)
+      .def_readwrite("margin", &TrialResult::margin)
+      .def_readwrite("steps_run", &TrialResult::steps_run)
+      .def_readwrite("step_seconds", &TrialResult::step_seconds)
+      .def_readwrite("wait_seconds", &TrialResult::wait_seconds)
+      .def_readwrite("busy", &TrialResult::busy)
+      .def_readwrite("utilization", &TrialResult::utilization)
+      .def_readwrite("energy_joules", &TrialResult::energy_joules)
+      .def_readwrite("step_ms", &TrialResult::step_ms)
+      .def_readwrite("step_ms_spread", &TrialResult::step_ms_spread)
+      .def_readwrite("samples_per_s", &TrialResult::samples_per_s)
+      .def_readwrite("loss", &TrialResult::loss)
+      .def_readwrite("error", &TrialResult::error)
+      .def("to_json", [](const TrialResult& t) { return dump(to_json(t)); });
+
+  m.def("median", &median);
+  m.def("relative_spread", &relative_spread);
+  m.def("is_size_refusal", &is_size_refusal);
+}
+
+void bind_search(py::module_& m) {
+  py::class_<SearchResult>(m, "SearchResult")
+      .def(py::init<>())
+      .def_property_readonly("strategy",
+                             [](const SearchResult& s) { return to_string(s.strategy); })
+      .def_readwrite("max_batch_size", &SearchResult::max_batch_size)
+      .def_readwrite("smallest_failure", &SearchResult::smallest_failure)
+      .def_readwrite("trials", &SearchResult::trials)
+      .def_readwrite("steps", &SearchResult::steps)
+      .def_readwrite("seconds", &SearchResult::seconds)
+      .def_readwrite("hit_time_budget", &SearchResult::hit_time_budget)
+      .def_readwrite("hit_max_batch", &SearchResult::hit_max_batch)
+      .def_readwrite("stop_reason", &SearchResult::stop_reason)
+      .def("set_strategy",
+           [](SearchResult& s, const std::string& name) {
+             s.strategy = parse_search_strategy(name);
+           })
+      .def("to_json", [](const SearchResult& s) { return dump(to_json(s)); });
+
+  m.def(
+      "search_max_batch",
+      [](const std::function<TrialResult(int64_t)>& trial, const std::string& strategy,
+         int64_t max_batch, double time_budget_s, double tolerance,
+         const std::function<void(const TrialResult&, size_t)>& on_trial) {
+        const auto options = SearchOptions()
+                                 .strategy(parse_search_strategy(strategy))
+                                 .max_batch(max_batch)
+                                 .time_budget_s(time_budget_s)
+                                 .tolerance(tolerance);
+        return search_max_batch(trial, options, steady_clock(), on_trial);
+      },
+      py::arg("trial"), py::arg("strategy") = "predict", py::arg("max_batch") = kDefaultMaxBatch,
+      py::arg("time_budget_s") = kDefaultTimeBudgetSeconds,
+      py::arg("tolerance") = kDefaultSearchTolerance, py::arg("on_trial") = nullptr);
+  m.attr("DEFAULT_MAX_BATCH") = kDefaultMaxBatch;
+
+  py::class_<SweepRow>(m, "SweepRow")
+      .def(py::init<>())
+      .def_readwrite("batch_size", &SweepRow::batch_size)
+      .def_readwrite("samples_per_s", &SweepRow::samples_per_s)
+      .def_readwrite("samples_per_s_spread", &SweepRow::samples_per_s_spread)
+      .def_readwrite("step_ms", &SweepRow::step_ms)
+      .def_readwrite("busy", &SweepRow::busy)
+      .def_readwrite("utilization", &SweepRow::utilization)
+      .def_readwrite("peak_bytes", &SweepRow::peak_bytes)
+      .def_readwrite("steps", &SweepRow::steps);
+  m.def("sweep_grid", &sweep_grid);
+  m.def("sweep_row", &sweep_row);
+  m.def("run_sweep", &run_sweep, py::arg("trial"), py::arg("grid"),
+        py::arg("search_trials") = std::vector<TrialResult>{});
+
+  py::class_<Selection>(m, "Selection")
+      .def(py::init<>())
+      .def_readwrite("batch_size", &Selection::batch_size)
+      .def_readwrite("reason", &Selection::reason);
+  py::class_<Diagnosis>(m, "Diagnosis")
+      .def(py::init<>())
+      .def_readwrite("kind", &Diagnosis::kind)
+      .def_readwrite("text", &Diagnosis::text);
+  m.def(
+      "select_batch",
+      [](const std::vector<SweepRow>& rows, const std::string& objective, double tolerance) {
+        return select_batch(rows, parse_objective(objective), tolerance);
+      },
+      py::arg("rows"), py::arg("objective") = "throughput",
+      py::arg("tolerance") = kDefaultThroughputTolerance);
+  m.def("diagnose", &diagnose, py::arg("rows"), py::arg("chosen"),
+        py::arg("tolerance") = kDefaultThroughputTolerance);
+}
+
+void bind_plan(py::module_& m) {
+  m.def(
+      "make_plan",
+      [](int64_t micro_batch_size, int64_t target_batch, int64_t world_size, double base_lr,
+         int64_t base_batch, const std::string& optimizer, const std::string& lr_scaling,
+         int64_t warmup_steps, const std::string& amp, const std::string& amp_reason,
+         int64_t workers, bool pin_memory, int64_t prefetch) {
+        return dump(to_json(make_plan(PlanOptions()
+                                          .micro_batch_size(micro_batch_size)
+                                          .target_batch(target_batch)
+                                          .world_size(world_size)
+                                          .base_lr(base_lr)
+                                          .base_batch(base_batch)
+                                          .optimizer(optimizer)
+                                          .lr_scaling(lr_scaling)
+                                          .warmup_steps(warmup_steps)
+                                          .amp(parse_amp(amp, "amp"))
+                                          .amp_reason(amp_reason)
+                                          .workers(workers)
+                                          .pin_memory(pin_memory)
+                                          .prefetch(prefetch))));
+      },
+      py::arg("micro_batch_size"), py::arg("target_batch") = 0, py::arg("world_size") = 1,
+      py::arg("base_lr") = 1e-3, py::arg("base_batch") = 0, py::arg("optimizer") = "adam",
+      py::arg("lr_scaling") = "", py::arg("warmup_steps") = -1, py::arg("amp") = "off",
+      py::arg("amp_reason") = "", py::arg("workers") = kDefaultWorkers,
+      py::arg("pin_memory") = false, py::arg("prefetch") = kDefaultPrefetch,
+      "The plan as JSON text (the fields of `batchtune plan --json`).");
+  m.def(
+      "check_plan_json",
+      [](const std::string& text, const std::string& source) {
+        return dump(to_json(parse_plan_json(text, source)));
+      },
+      "Reads and checks a plan (JSON text); returns it as JSON text.");
+  m.def("scheduled_lr", &scheduled_lr, py::arg("lr"), py::arg("warmup_steps"), py::arg("step"));
+  m.def("scale_lr", [](double base_lr, int64_t base_batch, int64_t global_batch,
+                       const std::string& scaling) {
+    return scale_lr(base_lr, base_batch, global_batch, parse_lr_scaling(scaling, "lr_scaling"));
+  });
+  m.def("choose_cpu_amp", [](double fp32_ms, std::optional<double> bf16_ms) {
+    const AmpChoice choice = choose_cpu_amp(fp32_ms, bf16_ms);
+    return py::make_tuple(amp_name(choice.mode), choice.reason);
+  });
+  m.def("choose_cuda_amp", [](int major, int minor) {
+    const AmpChoice choice = choose_cuda_amp(major, minor);
+    return py::make_tuple(amp_name(choice.mode), choice.reason);
+  });
+}
+
+void bind_report(py::module_& m) {
+  py::class_<TuneReport>(m, "TuneReport", "Everything a tune found; JSON and HTML are views.")
+      .def(py::init<>())
+      .def_readwrite("workload", &TuneReport::workload)
+      .def_readwrite("device", &TuneReport::device)
+      .def_readwrite("threads", &TuneReport::threads)
+      .def_readwrite("search", &TuneReport::search)
+      .def_readwrite("sweep", &TuneReport::sweep)
+      .def_property(
+          "objective", [](const TuneReport& r) { return to_string(r.objective); },
+          [](TuneReport& r, const std::string& name) { r.objective = parse_objective(name); })
+      .def_readwrite("selection", &TuneReport::selection)
+      .def_readwrite("diagnosis", &TuneReport::diagnosis)
+      .def_readwrite("capacity_bytes", &TuneReport::capacity_bytes)
+      .def_readwrite("usable_bytes", &TuneReport::usable_bytes)
+      .def_readwrite("margin", &TuneReport::margin)
+      .def_readwrite("utilization_note", &TuneReport::utilization_note)
+      .def_readwrite("complete", &TuneReport::complete)
+      .def_readwrite("energy_note", &TuneReport::energy_note)
+      .def("add_timeline_point",
+           [](TuneReport& r, double seconds, std::optional<double> utilization) {
+             r.timeline.push_back({seconds, utilization});
+           })
+      .def("to_json", [](const TuneReport& r) { return dump(to_json(r)); })
+      .def("html", [](const TuneReport& r) { return html_report(r); });
+}
+
+}  // namespace
+}  // namespace batchtune::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace batchtune;
+  using namespace batchtune::python;
+  m.doc() = "batchtune's C++ core (search, sweep, plan, memory, reports); see the batchtune package";
+  // Bad input: ValueError with the one-line message. An emulated out-of-memory
+  // raised by C++ code itself: torch.OutOfMemoryError, as PyTorch raises it.
+  static py::exception<Error> error(m, "Error", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::set_error(error, e.what());
+    } catch (const c10::OutOfMemoryError& e) {
+      py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
+      py::set_error(oom, first_line(e.what_without_backtrace()).c_str());
+    } catch (const c10::Error& e) {
+      py::set_error(PyExc_RuntimeError, first_line(e.what_without_backtrace()).c_str());
+    }
+  });
+  m.def("env_json", [] { return dump(to_json(collect_environment())); },
+        "`batchtune env --json` as JSON text.");
+  m.def("configure_threads", &configure_threads);
+  bind_memory(m);
+  bind_trial(m);
+  bind_search(m);
+  bind_plan(m);
+  bind_report(m);
+  bind_trial_subject(m);
+}

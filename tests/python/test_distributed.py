@@ -1,0 +1,28 @@
+"""Two ranks under torchrun (Gloo, the venv's own torchrun) get the same plan,
+with the job's maximum the smallest rank's."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_two_ranks_under_torchrun_get_one_plan(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    assert torchrun.exists(), torchrun
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("ddp_tune_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    assert ranks[0]["max"] == ranks[1]["max"] == min(r["own"] for r in ranks)
+    assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
+    plan = ranks[0]["plan"]
+    assert plan["world_size"] == 2
+    assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["accumulation_steps"] * 2

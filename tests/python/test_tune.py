@@ -1,0 +1,96 @@
+"""tune on the CPU under an emulated budget: the maximum it returns fits, and
+3 % above it does not; the rest of the pipeline (sweep, choice, plan, JSON,
+HTML) from Python."""
+import json
+import math
+
+import pytest
+import torch
+
+import batchtune
+
+from conftest import (TinyTransformer, classify_loss, image_batch, small_convnet,
+                      transformer_batch, transformer_loss)
+
+
+def _max_fits_and_three_percent_above_does_not(model, optimizer, loss_fn, make_batch, limit):
+    result = batchtune.tune(model, optimizer, loss_fn, make_batch, memory_limit=limit,
+                            sweep=False, report=None, amp="off")
+    assert result.complete
+    best = result.max_batch_size
+    assert best >= 4, result.trials
+    at = batchtune.probe(model, optimizer, loss_fn, make_batch, batch_size=best,
+                         memory_limit=limit, steps=1)
+    assert at.fits, at.error
+    above = batchtune.probe(model, optimizer, loss_fn, make_batch,
+                            batch_size=math.ceil(best * 1.03), memory_limit=limit, steps=1)
+    assert not above.fits
+    assert above.failure in ("out_of_memory", "over_budget")
+    return result
+
+
+def test_torchvision_resnet18_max_fits_and_3_percent_above_does_not():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # 11.2 M parameters: weights, momentum and grads take ~134 MiB; the rest is
+    # activations at 3x32x32.
+    r = _max_fits_and_three_percent_above_does_not(model, optimizer, classify_loss,
+                                                   image_batch((3, 32, 32)), "160MiB")
+    assert r.trials[-1].peak_bytes <= r.trials[-1].usable_bytes or not r.trials[-1].fits
+
+
+def test_small_transformer_max_fits_and_3_percent_above_does_not():
+    model = TinyTransformer()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    _max_fits_and_three_percent_above_does_not(model, optimizer, transformer_loss,
+                                               transformer_batch(model), "24MiB")
+
+
+def test_full_tune_gives_sweep_choice_plan_report_and_the_cli_json_fields(tmp_path):
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    report = tmp_path / "tune.html"
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                       memory_limit="32MiB", target_batch=512, report=str(report), amp="off",
+                       max_batch=256, time_budget=60)
+    assert r.complete
+    assert 0 < r.chosen_batch_size <= r.max_batch_size
+    assert [row.batch_size for row in r.sweep] == sorted(row.batch_size for row in r.sweep)
+    plan = r.plan
+    assert plan.micro_batch_size == r.chosen_batch_size
+    assert plan.global_batch_size == plan.micro_batch_size * plan.accumulation_steps
+    assert abs(plan.global_batch_size - 512) <= plan.micro_batch_size
+    assert plan.lr_scaling == "linear"  # SGD
+    assert plan.amp == "off"
+    kwargs = plan.dataloader_kwargs()
+    assert kwargs["batch_size"] == plan.micro_batch_size * plan.accumulation_steps
+    assert set(kwargs) == {"batch_size", "num_workers", "pin_memory", "prefetch_factor",
+                           "persistent_workers"}
+    torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 1)), **kwargs)
+    d = r.to_dict()
+    for field in ("max_batch_size", "search", "trials", "sweep", "chosen_batch_size",
+                  "objective", "diagnosis", "complete", "plan", "loader", "loader_note"):
+        assert field in d, field
+    assert d["max_batch_size"] == r.max_batch_size
+    assert d["chosen_batch_size"] == r.chosen_batch_size
+    assert d["plan"]["micro_batch_size"] == plan.micro_batch_size
+    assert batchtune.Plan.from_dict(d) == plan  # the C++ plan reader accepts it
+    json.dumps(d)
+    html = report.read_text()
+    assert html.startswith("<!DOCTYPE html>") or "<html" in html
+    assert "<svg" in html
+
+
+def test_bad_arguments_say_which_and_how():
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(batchtune.Error, match="objective"):
+        batchtune.tune(model, optimizer, classify_loss, image_batch(), objective="fastest")
+    with pytest.raises(batchtune.Error, match="margin"):
+        batchtune.probe(model, optimizer, classify_loss, image_batch(), margin=1.5,
+                        memory_limit="64MiB")
+    with pytest.raises(batchtune.Error, match="optimizer"):
+        batchtune.probe(model, None, classify_loss, image_batch())
+    with pytest.raises(batchtune.Error, match="memory_limit"):
+        batchtune.probe(model, optimizer, classify_loss, image_batch(), memory_limit="1KiB")
