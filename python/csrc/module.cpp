@@ -22,6 +22,7 @@
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial.h"
+#include "batchtune/step/trial_failure.h"
 #include "batchtune/tuning/search.h"
 #include "batchtune/tuning/sweep.h"
 #include "trial_subject.h"
@@ -279,30 +280,30 @@ void bind_plan(py::module_& m) {
 }
 
 void bind_report(py::module_& m) {
-  py::class_<TuneReport>(m, "TuneReport", "Everything a tune found; JSON and HTML are views.")
+  py::class_<TuneResult>(m, "TuneReport", "Everything a tune found; JSON and HTML are views.")
       .def(py::init<>())
-      .def_readwrite("workload", &TuneReport::workload)
-      .def_readwrite("device", &TuneReport::device)
-      .def_readwrite("threads", &TuneReport::threads)
-      .def_readwrite("search", &TuneReport::search)
-      .def_readwrite("sweep", &TuneReport::sweep)
+      .def_readwrite("workload", &TuneResult::workload)
+      .def_readwrite("device", &TuneResult::device)
+      .def_readwrite("threads", &TuneResult::threads)
+      .def_readwrite("search", &TuneResult::search)
+      .def_readwrite("sweep", &TuneResult::sweep)
       .def_property(
-          "objective", [](const TuneReport& r) { return to_string(r.objective); },
-          [](TuneReport& r, const std::string& name) { r.objective = parse_objective(name); })
-      .def_readwrite("selection", &TuneReport::selection)
-      .def_readwrite("diagnosis", &TuneReport::diagnosis)
-      .def_readwrite("capacity_bytes", &TuneReport::capacity_bytes)
-      .def_readwrite("usable_bytes", &TuneReport::usable_bytes)
-      .def_readwrite("margin", &TuneReport::margin)
-      .def_readwrite("utilization_note", &TuneReport::utilization_note)
-      .def_readwrite("complete", &TuneReport::complete)
-      .def_readwrite("energy_note", &TuneReport::energy_note)
+          "objective", [](const TuneResult& r) { return to_string(r.objective); },
+          [](TuneResult& r, const std::string& name) { r.objective = parse_objective(name); })
+      .def_readwrite("selection", &TuneResult::selection)
+      .def_readwrite("diagnosis", &TuneResult::diagnosis)
+      .def_readwrite("capacity_bytes", &TuneResult::capacity_bytes)
+      .def_readwrite("usable_bytes", &TuneResult::usable_bytes)
+      .def_readwrite("margin", &TuneResult::margin)
+      .def_readwrite("utilization_note", &TuneResult::utilization_note)
+      .def_readwrite("complete", &TuneResult::complete)
+      .def_readwrite("energy_note", &TuneResult::energy_note)
       .def("add_timeline_point",
-           [](TuneReport& r, double seconds, std::optional<double> utilization) {
+           [](TuneResult& r, double seconds, std::optional<double> utilization) {
              r.timeline.push_back({seconds, utilization});
            })
-      .def("to_json", [](const TuneReport& r) { return dump(to_json(r)); })
-      .def("html", [](const TuneReport& r) { return html_report(r); });
+      .def("to_json", [](const TuneResult& r) { return dump(to_json(r)); })
+      .def("html", [](const TuneResult& r) { return html_report(r); });
 }
 
 }  // namespace

@@ -1,7 +1,115 @@
 #include "trial_subject.h"
 
-namespace batchtune::python {
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
-void bind_trial_subject(pybind11::module_& m) { m.attr("HAS_TRIAL_SUBJECT") = false; }
+#include <c10/util/Exception.h>
+
+#include <string>
+
+#include "batchtune/common/error.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/step/trial_failure.h"
+
+namespace py = pybind11;
+
+namespace batchtune::python {
+namespace {
+
+std::string first_line_of(const py::error_already_set& e) {
+  return first_line(py::str(e.value()).cast<std::string>());
+}
+
+/// A `TrialSubject` whose methods are Python's. An out-of-memory raised in
+/// Python (torch.OutOfMemoryError) becomes the `c10::OutOfMemoryError` the
+/// C++ runner turns into a result, and a Python error whose message is a size
+/// refusal (batch norm at batch 1) a `c10::Error`; the Python exception (and
+/// the frames, and the tensors they hold) is released first. Anything else
+/// (the user's exception, KeyboardInterrupt) passes through unchanged: the
+/// runner restores the state and rethrows, and Python sees its own exception.
+class PyTrialSubject : public TrialSubject {
+ public:
+  using TrialSubject::TrialSubject;
+
+  std::string describe() const override {
+    PYBIND11_OVERRIDE_PURE(std::string, TrialSubject, describe);
+  }
+  void prepare(int64_t batch_size) override { translated([&] { call("prepare", batch_size); }); }
+  at::Tensor step() override {
+    at::Tensor loss;
+    translated([&] { loss = call("step").cast<at::Tensor>(); });
+    return loss;
+  }
+  void save() override { call("save"); }
+  void restore() override { call("restore"); }
+
+ private:
+  py::object call(const char* name, py::args args = py::args()) const {
+    py::gil_scoped_acquire gil;
+    py::function method = py::get_override(static_cast<const TrialSubject*>(this), name);
+    if (!method) {
+      throw Error(std::string("TrialSubject: the Python subject has no method ") + name);
+    }
+    return method(*args);
+  }
+  py::object call(const char* name, int64_t value) const {
+    py::gil_scoped_acquire gil;
+    py::function method = py::get_override(static_cast<const TrialSubject*>(this), name);
+    if (!method) {
+      throw Error(std::string("TrialSubject: the Python subject has no method ") + name);
+    }
+    return method(value);
+  }
+
+  template <typename F>
+  static void translated(F&& body) {
+    std::string message;
+    bool oom = false;
+    bool refusal = false;
+    {
+      try {
+        body();
+        return;
+      } catch (py::error_already_set& e) {
+        py::gil_scoped_acquire gil;
+        static py::handle oom_type = py::module_::import("torch").attr("OutOfMemoryError").release();
+        if (e.matches(oom_type)) {
+          oom = true;
+          message = first_line_of(e);
+        } else if ((e.matches(PyExc_RuntimeError) || e.matches(PyExc_ValueError)) &&
+                   is_size_refusal(py::str(e.value()).cast<std::string>())) {
+          refusal = true;
+          message = first_line_of(e);
+        } else {
+          throw;
+        }
+      }
+    }
+    // The Python exception is gone here: its frames no longer hold tensors.
+    if (oom) TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    if (refusal) TORCH_CHECK(false, message);
+  }
+};
+
+}  // namespace
+
+void bind_trial_subject(py::module_& m) {
+  m.attr("HAS_TRIAL_SUBJECT") = true;
+  py::class_<TrialSubject, PyTrialSubject>(
+      m, "TrialSubject",
+      "What a trial trains, from Python: describe(), prepare(batch_size) (untimed: make the "
+      "batch), step() (one training step, returns the 0-dim loss), save() and restore().")
+      .def(py::init<>())
+      .def("describe", &TrialSubject::describe);
+  py::class_<TrialRunner>(m, "TrialRunner",
+                          "The C++ trial runner over a Python subject: it times the steps, "
+                          "turns an out-of-memory into a result and restores the subject.")
+      .def(py::init<TrialSubject&, DeviceMemory&, double>(), py::arg("subject"),
+           py::arg("memory"), py::arg("margin") = kDefaultMargin, py::keep_alive<1, 2>(),
+           py::keep_alive<1, 3>())
+      .def("run", &TrialRunner::run)
+      .def_property_readonly("total_steps", &TrialRunner::total_steps);
+}
 
 }  // namespace batchtune::python
