@@ -119,6 +119,44 @@ TEST(TrainCli, PlanWrittenByPlanIsReadBackByPlanAndTrain) {
   EXPECT_NE(bad.output.find("'world_size'"), std::string::npos) << bad.output;
 }
 
+TEST(TrainCli, APlanMadeForAnotherWorkloadIsRefusedNamingTheField) {
+  const std::string path = ::testing::TempDir() + "batchtune_cli_plan_workload.json";
+  const auto made = run_cli("plan --batch-size 8 --optimizer sgd --model mlp --input 1x8x8 "
+                            "--device cpu --amp off --json " + path);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto model = run_cli("train --plan " + path +
+                             " --model convnet --input 1x8x8 --device cpu --steps 1");
+  EXPECT_EQ(model.exit_code, 2) << model.output;
+  EXPECT_NE(model.output.find("model mlp"), std::string::npos) << model.output;
+  const auto optimizer = run_cli("train --plan " + path +
+                                 " --model mlp --input 1x8x8 --device cpu --optimizer adam --steps 1");
+  EXPECT_EQ(optimizer.exit_code, 2) << optimizer.output;
+  EXPECT_NE(optimizer.output.find("optimizer sgd"), std::string::npos) << optimizer.output;
+  const auto input = run_cli("train --plan " + path + " --input 1x9x9 --device cpu --steps 1");
+  EXPECT_EQ(input.exit_code, 2) << input.output;
+  EXPECT_NE(input.output.find("input"), std::string::npos) << input.output;
+}
+
+// Tune what you train: a plan tuned under bf16 trains at its own
+// micro-batch, under the same limit, with no out-of-memory.
+TEST(TrainCli, ABf16TunedPlanTrainsAtItsMicroBatchWithoutOutOfMemory) {
+  const std::string path = ::testing::TempDir() + "batchtune_cli_bf16_plan.json";
+  const std::string workload = " --model convnet --input 3x32x32 --device cpu --memory-limit 48MiB";
+  const auto tuned = run_cli("tune" + workload + " --amp bf16 --objective max-fit --time-budget 20 "
+                             "--json " + path);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  std::ifstream in(path);
+  const auto tune = nlohmann::json::parse(in);
+  ASSERT_EQ(tune.at("amp"), "bf16");
+  const int64_t micro = tune.at("plan").at("micro_batch_size").get<int64_t>();
+  EXPECT_EQ(tune.at("plan").at("amp"), "bf16");
+  const auto trained = run_cli("train --plan " + path + workload + " --steps 3 --json -");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto summary = nlohmann::json::parse(trained.output.substr(trained.output.find("\n{") + 1));
+  EXPECT_EQ(summary.at("oom_recoveries"), 0) << trained.output;
+  EXPECT_EQ(summary.at("micro_batch_size"), micro);
+}
+
 }  // namespace
 
 namespace {
