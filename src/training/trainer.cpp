@@ -457,6 +457,7 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   if (record->plan.micro_batch_size < plan_.micro_batch_size) {
     plan_.micro_batch_size = record->plan.micro_batch_size;
     plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
+    training_step_.set_micro_batch_size(plan_.micro_batch_size);
   }
   loaded_ = true;
   if (record->summary) return record->summary;
