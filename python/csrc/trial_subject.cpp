@@ -73,7 +73,8 @@ class PyTrialSubject : public TrialSubject {
         return;
       } catch (py::error_already_set& e) {
         py::gil_scoped_acquire gil;
-        static py::handle oom_type = py::module_::import("torch").attr("OutOfMemoryError").release();
+        static py::handle oom_type =
+            py::object(py::module_::import("torch").attr("OutOfMemoryError")).release();
         if (e.matches(oom_type)) {
           oom = true;
           message = first_line_of(e);
