@@ -236,7 +236,7 @@ TEST(Tune, AResolvedPlanFromAFileRefusesAnotherWorkload) {
   }
   PlanRequest from_file;
   from_file.plan_file = path;
-  Workload lenet(WorkloadOptions().model("lenet").input_shape({1, 8, 8}).optimizer("sgd"));
+  Workload lenet(WorkloadOptions().model("convnet").input_shape({1, 8, 8}).optimizer("sgd"));
   const std::string model = testing::error_of([&] { resolve_plan(from_file, lenet, *memory); });
   EXPECT_NE(model.find("model mlp"), std::string::npos) << model;
   Workload adam(WorkloadOptions().model("mlp").input_shape({1, 8, 8}).optimizer("adam"));
