@@ -101,6 +101,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       .cores(std::max(1u, std::thread::hardware_concurrency()))
       .plan(plan_request(flags.plan, cmd, flags.workload.lr))
       .command_line(own_command_line());
+  validate(options);  // bad input fails before anything is printed
   // Ctrl-C or SIGTERM stops after the current trial; what was measured is
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;

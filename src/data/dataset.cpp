@@ -75,7 +75,13 @@ SyntheticDataset::SyntheticDataset(std::vector<int64_t> sample_shape, int64_t cl
   std::vector<int64_t> shape{pool};
   shape.insert(shape.end(), shape_.begin(), shape_.end());
   pool_inputs_ = at::randn(shape, generator, at::TensorOptions().dtype(at::kFloat));
-  pool_targets_ = at::randint(classes_, {pool}, generator, at::TensorOptions().dtype(at::kLong));
+  // Labels from a fixed random linear map of the inputs: learnable, so a
+  // training run on synthetic data has a gradient signal (and a noise scale)
+  // as real data do.
+  int64_t features = 1;
+  for (int64_t d : shape_) features *= d;
+  const at::Tensor map = at::randn({features, classes_}, generator);
+  pool_targets_ = pool_inputs_.reshape({pool, features}).matmul(map).argmax(1);
 }
 
 Batch SyntheticDataset::get_batch(const std::vector<int64_t>& indices) const {
@@ -99,7 +105,7 @@ Batch SyntheticDataset::get_batch(const std::vector<int64_t>& indices) const {
 }
 
 std::string SyntheticDataset::describe() const {
-  return fmt::format("synthetic ({} samples, {}, {} classes, random labels)", size_,
+  return fmt::format("synthetic ({} samples, {}, {} classes, labels a linear map of the inputs)", size_,
                      format_shape(shape_), classes_);
 }
 

@@ -292,8 +292,12 @@ void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& curren
          "use that --optimizer, or make a plan for this one (batchtune tune)");
   differ("device", planned.device, current.device,
          "train on that --device, or make a plan on this one (batchtune tune)");
+  // A smaller budget than the plan was measured under: its micro-batch may
+  // not fit. Within `kPlanMemoryTolerance` it is the same budget (without
+  // --memory-limit a CPU's budget is the available RAM, which moves).
   if (planned.memory_limit_bytes > 0 && current.memory_limit_bytes > 0 &&
-      current.memory_limit_bytes < planned.memory_limit_bytes) {
+      static_cast<double>(current.memory_limit_bytes) <
+          static_cast<double>(planned.memory_limit_bytes) * (1 - kPlanMemoryTolerance)) {
     throw Error(fmt::format("{}: the plan was measured with {} bytes usable, this run has only {}; "
                             "give the same --memory-limit and --margin, or make a plan for this "
                             "budget (batchtune tune)",

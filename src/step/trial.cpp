@@ -74,8 +74,8 @@ void WorkloadTrial::restore() {
 }
 
 TrialRunner::TrialRunner(Workload& workload, DeviceMemory& memory, double margin, AmpMode amp)
-    : TrialRunner(std::make_unique<WorkloadTrial>(workload, memory.device(), amp), memory,
-                  margin) {}
+    : TrialRunner(std::make_unique<WorkloadTrial>(workload, workload.options().device(), amp),
+                  memory, margin) {}
 
 TrialRunner::TrialRunner(TrialSubject& subject, DeviceMemory& memory, double margin)
     : TrialRunner(nullptr, memory, margin) {

@@ -157,39 +157,6 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& 
   return choice.chosen.global_batch_size;
 }
 
-void check_tune_options(const TuneOptions& options) {
-  if (options.search().max_batch() > kMaxPlanCount) {
-    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
-                            options.search().max_batch()));
-  }
-  if (!(options.margin() >= 0 && options.margin() < 1)) {
-    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", options.margin()));
-  }
-  if (!(options.time_budget_s() > 0)) {
-    throw Error(fmt::format("--time-budget: must be positive seconds, got {}",
-                            options.time_budget_s()));
-  }
-  if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
-                            options.tolerance()));
-  }
-  if (!(options.eta() >= 0 && options.eta() <= 1)) {
-    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
-                            options.eta()));
-  }
-  if (options.noise_steps() < 1) {
-    throw Error(fmt::format("--noise-steps: must be at least 1, got {}", options.noise_steps()));
-  }
-  if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
-    throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
-                "--target-batch out, or use --objective throughput with it");
-  }
-  validate(options.plan());
-  if (options.monitor() != nullptr) {
-    check_energy_readable(options.objective(), options.monitor()->sampler().unavailable_reason());
-  }
-}
-
 /// Bad input, not a result: the workload does not fit at all. Says how much
 /// the smallest batch tried needed.
 std::string no_fit_message(const SearchResult& search, const DeviceMemory& memory, double margin) {
@@ -219,7 +186,7 @@ class Pipeline {
         budget_(clock_, options.time_budget_s()) {}
 
   TuneResult run() {
-    check_tune_options(options_);
+    validate(options_);
     TuneResult& r = result_;
     DeviceMemory& memory = runner_.memory();
     r.workload = runner_.subject().describe();
@@ -309,11 +276,12 @@ class Pipeline {
       result_.rank_max_batch_size = own_max_batch_;
       found.max_batch_size = options_.data_parallel()->min(found.max_batch_size);
     }
+    // Not even batch 1 fitting is bad input, not a result: said before any table.
+    if (found.max_batch_size < 1 && !found.trials.empty()) {
+      throw Error(no_fit_message(found, runner_.memory(), runner_.margin()));
+    }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
-    if (result_.search.max_batch_size < 1 && !result_.search.trials.empty()) {
-      throw Error(no_fit_message(result_.search, runner_.memory(), runner_.margin()));
-    }
   }
 
   void sweep() {
@@ -531,6 +499,39 @@ class Pipeline {
 
 }  // namespace
 
+void validate(const TuneOptions& options) {
+  if (options.search().max_batch() > kMaxPlanCount) {
+    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
+                            options.search().max_batch()));
+  }
+  if (!(options.margin() >= 0 && options.margin() < 1)) {
+    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", options.margin()));
+  }
+  if (!(options.time_budget_s() > 0)) {
+    throw Error(fmt::format("--time-budget: must be positive seconds, got {}",
+                            options.time_budget_s()));
+  }
+  if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
+    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
+                            options.tolerance()));
+  }
+  if (!(options.eta() >= 0 && options.eta() <= 1)) {
+    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
+                            options.eta()));
+  }
+  if (options.noise_steps() < 1) {
+    throw Error(fmt::format("--noise-steps: must be at least 1, got {}", options.noise_steps()));
+  }
+  if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
+    throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
+                "--target-batch out, or use --objective throughput with it");
+  }
+  validate(options.plan());
+  if (options.monitor() != nullptr) {
+    check_energy_readable(options.objective(), options.monitor()->sampler().unavailable_reason());
+  }
+}
+
 std::string to_string(TunePhase phase) {
   switch (phase) {
     case TunePhase::kPrecision: return "precision";
@@ -550,7 +551,7 @@ TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* r
 
 TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
                 TuneReporter* reporter) {
-  check_tune_options(options);
+  validate(options);
   // Precision first: every trial runs at the precision training will use.
   if (reporter != nullptr && options.amp() == AmpMode::kAuto && memory.device().is_cpu()) {
     reporter->phase_started(TunePhase::kPrecision, "amp auto: timing bf16 against fp32");

@@ -82,7 +82,8 @@ class TensorDataset final : public Dataset {
   Normalization normalization_;
 };
 
-/// Random inputs (standard normal) and random labels, the same for the same
+/// Random inputs (standard normal) labelled by a fixed random linear map of
+/// them (learnable, like real data), the same for the same
 /// seed and index whatever batch the sample lands in: tuning and smoke runs
 /// that need no files. The samples come from a seeded pool of at most
 /// `kSyntheticPoolSize` made once (sample i is pool row i mod its size), so

@@ -191,6 +191,10 @@ Plan read_plan_file(const std::string& path);
 
 nlohmann::json to_json(const PlanWorkload& workload);
 
+/// A run's usable memory may be this much below the plan's before the plan
+/// is refused: the plan's margin covers it.
+constexpr double kPlanMemoryTolerance = 0.05;
+
 /// Refuses (`batchtune::Error` naming `source` and the field) a plan made for
 /// another workload than `current`: model, input, optimizer, device or
 /// memory limit. Fields either side did not record are not compared.

@@ -238,6 +238,13 @@ struct TuneOptions {
   Clock* clock_ = nullptr;
 };
 
+/// Checks the options for range (time budget, tolerance, eta, noise steps,
+/// margin, max batch, the plan request; with a monitor, that energy can be
+/// read for the energy objective). Throws `batchtune::Error` naming the
+/// option. `tune` calls it first; a caller may call it before printing
+/// anything.
+void validate(const TuneOptions& options);
+
 /// The pipeline: precision, then the search for the largest micro-batch that
 /// fits, the sweep for the fastest, the objective, the noise run (goodput),
 /// loader tuning (with data), and the plan — every trial running
