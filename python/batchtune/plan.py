@@ -41,7 +41,10 @@ class Plan:
     pin_memory: bool = False
     prefetch: int = 2
     reasons: List[str] = dataclasses.field(default_factory=list)
-    """One sentence per choice, saying why."""
+    """One sentence per choice, saying why and where its value came from."""
+    workload: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What the plan was measured on (model, input, optimizer, base_lr,
+    base_batch, device, memory_limit_bytes), as the plan JSON's `workload`."""
 
     @property
     def batch_size(self) -> int:
