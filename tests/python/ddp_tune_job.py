@@ -26,4 +26,7 @@ own = max(t.batch_size for t in result.trials if t.fits)
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "own": own, "max": result.max_batch_size,
                "plan": result.plan.to_dict()}, f)
+# Both ranks done before either tears down: a rank leaving early closes the
+# Gloo pairs under the other, which then aborts in its shutdown.
+dist.barrier()
 dist.destroy_process_group()
