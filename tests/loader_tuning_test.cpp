@@ -35,6 +35,28 @@ TEST(LoaderTuning, AnInterruptStopsTheTimingOfWorkerCounts) {
   batchtune::request_interrupt(0);
 }
 
+TEST(LoaderTuning, OutOfTimeLeavesTheLargerWorkerCountsOut) {
+  int measured = 0;
+  const auto fake = [&](int64_t workers, bool pin) {
+    ++measured;
+    return LoaderRow{workers, pin, 100, 0};
+  };
+  // Out of time from the start: the first setting is still timed (a choice
+  // needs a row), nothing after it.
+  const auto one = batchtune::time_loaders(fake, batchtune::loader_worker_grid(8), true,
+                                           [] { return true; });
+  ASSERT_EQ(one.size(), 1U);
+  EXPECT_EQ(one[0].workers, 0);
+  EXPECT_EQ(measured, 1);
+  // Time for three settings: 0 workers (both pin settings) and 1 unpinned.
+  measured = 0;
+  const auto three = batchtune::time_loaders(fake, batchtune::loader_worker_grid(8), true,
+                                             [&] { return measured >= 3; });
+  ASSERT_EQ(three.size(), 3U);
+  EXPECT_EQ(three[2].workers, 1);
+  EXPECT_FALSE(three[2].pin_memory);
+}
+
 TEST(LoaderTuning, PicksTheFewestWorkersThatKeepTheWaitUnderFivePercent) {
   // Fake timings: decoding costs 30 ms a batch, computing 10 ms; each worker
   // takes 30 ms / workers off the wait until it hides behind compute.

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -14,6 +14,7 @@
 #include "batchtune/step/training_step.h"
 #include "batchtune/step/workload.h"
 #include "batchtune/training/trainer.h"
+#include "fake_clock.h"
 #include "test_helpers.h"
 
 namespace batchtune {
@@ -50,26 +51,18 @@ class FakeSubject final : public TrialSubject {
   int64_t batch_size_ = 0;
 };
 
-/// Records what the pipeline reported, with the wall time of each trial.
+/// Records what the pipeline reported.
 class Recorder final : public TuneReporter {
  public:
   void phase_started(TunePhase phase, const std::string&) override { phases.push_back(phase); }
-  void trial_started(TunePhase, int64_t) override { started_ = Clock::now(); }
   void trial_finished(TunePhase, const TrialResult& trial, size_t) override {
     trials.push_back(trial);
-    longest_trial_s = std::max(
-        longest_trial_s, std::chrono::duration<double>(Clock::now() - started_).count());
   }
   void finished(const TuneResult& result) override { complete = result.complete; }
 
   std::vector<TunePhase> phases;
   std::vector<TrialResult> trials;
-  double longest_trial_s = 0;
   std::optional<bool> complete;
-
- private:
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point started_;
 };
 
 TEST(Tune, FindsTheLimitOfAFakeCurveAndPlansIt) {
@@ -172,26 +165,46 @@ TEST(Tune, BadOptionsNameTheOption) {
 }
 
 TEST(Tune, TheTimeBudgetBoundsTheWholeRun) {
-  // A model whose full tune (search to 8192, sweep, loader) takes far longer
-  // than the budget on a CPU.
+  // A model whose full tune (search to 8192, sweep, loader) would take far
+  // longer than the budget. The budget runs on a fake clock that each trial
+  // advances by one second, so what is checked is the pipeline's
+  // accounting, not this machine's speed.
   auto memory = make_device_memory(c10::Device(c10::kCPU), 3072 * kMiB);
   Workload workload(WorkloadOptions().model("convnet").input_shape({3, 32, 32}).seed(1));
   const auto data = testing::toy_data({3, 32, 32}, 4096, 10, 3);
-  Recorder recorder;
   constexpr double kBudgetS = 6;
-  const auto start = std::chrono::steady_clock::now();
+  constexpr double kTrialS = 1;
+  testing::FakeClock clock;
+  class TrialTicks final : public TuneReporter {
+   public:
+    explicit TrialTicks(testing::FakeClock& clock) : clock_(clock) {}
+    void trial_finished(TunePhase phase, const TrialResult&, size_t) override {
+      clock_.advance(kTrialS);
+      ++trials[phase];
+    }
+    std::map<TunePhase, int> trials;
+
+   private:
+    testing::FakeClock& clock_;
+  } ticks(clock);
   const TuneResult r = tune(workload, *memory,
-                            TuneOptions().time_budget_s(kBudgetS).amp(AmpMode::kOff).data(data.get()),
-                            &recorder);
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                            TuneOptions()
+                                .time_budget_s(kBudgetS)
+                                .clock(&clock)
+                                .amp(AmpMode::kOff)
+                                .data(data.get()),
+                            &ticks);
   EXPECT_TRUE(r.complete);
   ASSERT_TRUE(r.plan.has_value());
-  EXPECT_LE(elapsed, kBudgetS + recorder.longest_trial_s + 1.0)
-      << "longest trial " << recorder.longest_trial_s << " s";
+  // At most one trial runs past a phase's share: the one under way when it ran out.
+  EXPECT_LE(clock.now_s(), kBudgetS + kTrialS);
+  EXPECT_GE(ticks.trials[TunePhase::kSearch], 1);
+  EXPECT_GE(ticks.trials[TunePhase::kSweep], 1) << "the sweep always times its largest size";
+  EXPECT_FALSE(r.search.hit_max_batch) << "the search stopped for time, not at its cap";
+  EXPECT_NE(r.selection.reason.find("ran out"), std::string::npos) << r.selection.reason;
   double phases = 0;
   for (const auto& [phase, seconds] : r.phase_seconds) phases += seconds;
-  EXPECT_LE(phases, elapsed + 1e-6);
+  EXPECT_NEAR(phases, clock.now_s(), 1e-9) << "the phases account for the whole run";
 }
 
 TEST(Tune, EveryTrialRunsAtThePrecisionTheTuneResolved) {

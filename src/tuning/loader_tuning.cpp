@@ -60,14 +60,17 @@ LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait) 
 }
 
 std::vector<LoaderRow> time_loaders(const std::function<LoaderRow(int64_t, bool)>& measure,
-                                    const std::vector<int64_t>& grid, bool cuda) {
+                                    const std::vector<int64_t>& grid, bool cuda,
+                                    const std::function<bool()>& out_of_time) {
   std::vector<LoaderRow> rows;
+  const auto time_left = [&] { return rows.empty() || !out_of_time || !out_of_time(); };
   for (int64_t workers : grid) {
     // Every setting is a second or more of training: a signal stops here.
     throw_if_interrupted();
+    if (!time_left()) break;
     rows.push_back(measure(workers, false));
     throw_if_interrupted();
-    if (cuda) rows.push_back(measure(workers, true));
+    if (cuda && time_left()) rows.push_back(measure(workers, true));
   }
   return rows;
 }
@@ -139,7 +142,8 @@ LoaderRow measure_loader(TrialRunner& runner, const Dataset& data, int64_t batch
 }
 
 LoaderTuning tune_loader(TrialRunner& runner, const Dataset& data, int64_t batch_size,
-                         double step_seconds, int64_t prefetch, uint64_t seed, int64_t cores) {
+                         double step_seconds, int64_t prefetch, uint64_t seed, int64_t cores,
+                         const std::function<bool()>& out_of_time) {
   LoaderTuning tuning;
   if (data.synthetic()) {
     tuning.note = "loader tuning skipped: the data are synthetic (made in memory, nothing to "
@@ -148,14 +152,20 @@ LoaderTuning tune_loader(TrialRunner& runner, const Dataset& data, int64_t batch
   }
   const bool cuda = runner.memory().device().is_cuda();
   const int64_t steps = loader_steps(step_seconds);
+  const std::vector<int64_t> grid = loader_worker_grid(cores);
+  const size_t settings = grid.size() * (cuda ? 2 : 1);
   tuning.rows = time_loaders(
       [&](int64_t workers, bool pin) {
         return measure_loader(runner, data, batch_size, workers, pin, prefetch, steps, seed);
       },
-      loader_worker_grid(cores), cuda);
+      grid, cuda, out_of_time);
   tuning.choice = choose_loader(tuning.rows);
-  tuning.note = fmt::format("loader: {} settings timed at batch {}, {} steps each{}",
+  tuning.note = fmt::format("loader: {} settings timed at batch {}, {} steps each{}{}",
                             tuning.rows.size(), batch_size, steps,
+                            tuning.rows.size() < settings
+                                ? fmt::format(" ({} left out: the time budget ran out)",
+                                              settings - tuning.rows.size())
+                                : "",
                             cuda ? "" : "; pinned memory does not apply on the CPU");
   return tuning;
 }

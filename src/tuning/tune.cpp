@@ -310,7 +310,6 @@ class Pipeline {
     std::sort(result_.sweep.begin(), result_.sweep.end(),
               [](const SweepRow& a, const SweepRow& b) { return a.batch_size < b.batch_size; });
     if (out_of_time) {
-      result_.utilization_note = "";
       sweep_note_ = fmt::format("the sweep's share of the time budget ({:.0f} s) ran out: {} of "
                                 "{} sizes timed",
                                 seconds, result_.sweep.size(), grid.size());
@@ -412,6 +411,7 @@ class Pipeline {
     if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
     r.plan = plan;
     tune_loader_phase();
+    budget_.begin_phase(0);  // the plan's own seconds, not the loader's again
     reporter_.phase_started(TunePhase::kPlan, "the plan");
     end_phase(TunePhase::kPlan);
   }
@@ -438,7 +438,8 @@ class Pipeline {
     });
     r.loader = tune_loader(runner_, *data, std::min(plan.micro_batch_size, data->size()),
                            row != r.sweep.end() ? row->step_ms / 1000 : 0, plan.prefetch,
-                           options_.seed(), std::max<int64_t>(1, options_.cores()));
+                           options_.seed(), std::max<int64_t>(1, options_.cores()),
+                           [&] { return budget_.phase_over(); });
     end_phase(TunePhase::kLoader);
     if (r.loader.choice && !options_.plan().workers) apply_loader_choice(plan, *r.loader.choice);
     if (const auto wait = chosen_wait(r.loader); wait && *wait >= kInputBoundWait) {

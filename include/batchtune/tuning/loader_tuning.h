@@ -59,9 +59,12 @@ std::vector<int64_t> loader_worker_grid(int64_t cores);
 LoaderChoice choose_loader(const std::vector<LoaderRow>& rows, double max_wait = kInputBoundWait);
 
 /// Times every worker count of `grid` (with and without pinned memory when
-/// `cuda`) through `measure` and returns the rows in that order.
+/// `cuda`) through `measure` and returns the rows in that order. After the
+/// first row, a setting is only timed while `out_of_time` (when given)
+/// says false: the rows left out are the larger worker counts.
 std::vector<LoaderRow> time_loaders(const std::function<LoaderRow(int64_t, bool)>& measure,
-                                    const std::vector<int64_t>& grid, bool cuda);
+                                    const std::vector<int64_t>& grid, bool cuda,
+                                    const std::function<bool()>& out_of_time = {});
 
 /// Trains `runner`'s workload at `batch_size` on `data` through a `Loader`
 /// with `workers` and `pin_memory` for `steps` timed steps (random batches
@@ -84,9 +87,11 @@ struct LoaderTuning {
 /// Loader tuning in `batchtune tune`: nothing (with a note saying why) for
 /// synthetic data; else every worker count of `loader_worker_grid(cores)`,
 /// pinned and not on CUDA, timed at `batch_size` for `loader_steps(step_seconds)`
-/// steps, and `choose_loader`'s pick.
+/// steps, and `choose_loader`'s pick. `out_of_time` bounds the settings
+/// timed after the first, as in `time_loaders`; the note says when it did.
 LoaderTuning tune_loader(TrialRunner& runner, const Dataset& data, int64_t batch_size,
-                         double step_seconds, int64_t prefetch, uint64_t seed, int64_t cores);
+                         double step_seconds, int64_t prefetch, uint64_t seed, int64_t cores,
+                         const std::function<bool()>& out_of_time = {});
 
 /// The data wait of the chosen setting; nullopt without a choice.
 std::optional<double> chosen_wait(const LoaderTuning& tuning);
