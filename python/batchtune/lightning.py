@@ -99,6 +99,17 @@ def _one_loader(loaders: Any) -> torch.utils.data.DataLoader:
                       "one torch.utils.data.DataLoader")
 
 
+def _switchable(trainer: "pl.Trainer", amp: str) -> bool:
+    """Whether the callback can switch the Trainer to `amp`: from "32-true" to
+    a mixed precision only (the trials ran at fp32, so the size still fits)."""
+    return str(trainer.precision) in ("32-true", "32") and amp in _PRECISION_OF_AMP
+
+
+def _amp_mismatch(trainer: "pl.Trainer", what: str) -> Exception:
+    return _core.Error(f"amp: {what} is not the Trainer's precision '{trainer.precision}'; pass "
+                       "Trainer(precision=...) to match, or leave amp unset (the Trainer's)")
+
+
 class BatchTune(Callback):
     """Tunes when `fit` starts and trains with the plan.
 
@@ -198,6 +209,9 @@ class BatchTune(Callback):
             raise _core.Error("automatic_optimization: BatchTune times Lightning's automatic "
                               "optimization (training_step returns the loss); with manual "
                               "optimization use batchtune.tune on your own step")
+        if self.amp in ("off", "bf16", "fp16") and self.amp != trainer_amp(trainer) and \
+                not _switchable(trainer, self.amp):
+            raise _amp_mismatch(trainer, f"'{self.amp}'")
         if self.target_batch is not None and any(
                 isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
             raise _core.Error("target_batch: a GradientAccumulationScheduler callback sets the "
@@ -351,10 +365,9 @@ class BatchTune(Callback):
                 log.warning("batchtune: the logger did not take the plan (%s)", e)
 
     def _apply_precision(self, trainer: "pl.Trainer", plan: Plan, said) -> None:
-        running = trainer_amp(trainer)
-        if plan.amp == running:
+        if plan.amp == trainer_amp(trainer):
             return
-        if running == "off" and str(trainer.precision) in ("32-true", "32") and plan.amp in _PRECISION_OF_AMP:
+        if _switchable(trainer, plan.amp):
             from lightning.pytorch.plugins.precision import MixedPrecision
 
             precision = _PRECISION_OF_AMP[plan.amp]
@@ -362,9 +375,7 @@ class BatchTune(Callback):
                 precision, device=trainer.strategy.root_device.type)
             said.append(f"precision {precision} (was 32-true)")
             return
-        raise _core.Error(f"amp: the plan's {plan.amp} is not the Trainer's precision "
-                          f"'{trainer.precision}'; pass Trainer(precision=...) to match, or leave "
-                          "amp unset (the Trainer's)")
+        raise _amp_mismatch(trainer, f"the plan's {plan.amp}")
 
     def _apply_lr(self, trainer: "pl.Trainer", plan: Plan, said) -> None:
         optimizer = trainer.optimizers[0]

@@ -141,3 +141,19 @@ def test_callback_under_lightning_ddp_gives_both_ranks_one_plan(tmp_path):
         assert r["batch_size"] == plan["micro_batch_size"]
         assert r["accumulate_grad_batches"] == plan["accumulation_steps"]
         assert r["global_step"] >= 1
+
+
+def test_callback_switches_a_32_true_trainer_to_the_mixed_precision_asked_for():
+    tuner = BatchTune(amp="bf16", memory_limit=LIMIT, report=None, sweep=False, max_batch=32)
+    trainer = quiet_trainer(max_steps=1, callbacks=[tuner])
+    assert str(trainer.precision) == "32-true"
+    trainer.fit(Module(image_data(64)))
+    assert tuner.plan.amp == "bf16"
+    assert str(trainer.precision) == "bf16-mixed"
+
+
+def test_callback_refuses_an_amp_the_trainer_cannot_switch_to():
+    tuner = BatchTune(amp="off", memory_limit=LIMIT, report=None, sweep=False, max_batch=32)
+    trainer = quiet_trainer(max_steps=1, precision="bf16-mixed", callbacks=[tuner])
+    with pytest.raises(batchtune.Error, match=r"amp: 'off' is not the Trainer's precision 'bf16-mixed'; pass Trainer\(precision="):
+        trainer.fit(Module(image_data(64)))
