@@ -39,6 +39,18 @@ from .trainer import Trainer
 
 __version__ = "0.1.0"
 
+# The integrations import Lightning or transformers, which batchtune does not
+# need: they load on first use (`batchtune.lightning`, `batchtune.huggingface`).
+_INTEGRATIONS = ("lightning", "huggingface")
+
+
+def __getattr__(name):
+    if name in _INTEGRATIONS:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'batchtune' has no attribute '{name}'")
+
 __all__ = [
     "Error",
     "Plan",

@@ -1,4 +1,6 @@
-"""Lightning's shape: a callback that sets the LightningModule's batch size at
+"""Lightning's shape with your own make_batch (the callback that tunes on your own
+data and sets accumulation and the lr is `batchtune.lightning.BatchTune`): a
+callback that sets the LightningModule's batch size at
 `on_fit_start`, as Lightning's `BatchSizeFinder` does — but with batchtune's
 search (every answer a size that was run with the optimizer step, nothing left
 behind) and its choice.

@@ -1,0 +1,254 @@
+"""batchtune for the Hugging Face `Trainer`: `tune_training_args`.
+
+Where `TrainingArguments(auto_find_batch_size=True)` restarts the training
+loop at × 0.9 of the batch after each out-of-memory — changing the effective
+batch, leaving accumulation and the learning rate as they were —, this tunes
+the model's real training step first (the loss of the model's output on
+collated batches of your data set, the heaviest samples first, with the
+optimizer the Trainer will make) and returns `TrainingArguments` that keep
+the global batch: `per_device_train_batch_size` × `gradient_accumulation_steps`
+× processes = the target, `learning_rate` and `warmup_steps` as the plan
+scales them, `bf16`/`fp16` from the plan. Nothing is left changed on the model.
+
+Example::
+
+    from transformers import Trainer, TrainingArguments
+    from batchtune.huggingface import tune_training_args
+
+    args = TrainingArguments("out", per_device_train_batch_size=64, use_cpu=True)
+    args = tune_training_args(model, args, train_dataset, memory_limit="256MiB")
+    Trainer(model=model, args=args, train_dataset=train_dataset).train()
+
+Under `accelerate launch` / `torchrun` with several processes: call it on
+every process (it is collective), after the `TrainingArguments` are made
+(they initialise the process group); every process tunes its own device, the
+smallest choice wins, every process returns the same arguments, with the
+global batch counted over all processes.
+
+Needs transformers (`pip install transformers`); `import batchtune` does not.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+from typing import Any, Callable, Optional, Tuple, Union
+
+import torch
+
+from . import _core
+from ._fit import micro_for_target, missing, python_names
+from ._samples import HeaviestFirst
+from ._tune import TuneResult, tune
+from .plan import Plan, optimizer_kind
+
+try:
+    import transformers
+except ImportError as _error:  # transformers is optional
+    raise missing("batchtune.huggingface", "transformers", "transformers", _error) from None
+
+# Batch keys the Trainer keeps although forward() does not name them.
+_LABEL_KEYS = ("labels", "label", "label_ids")
+
+
+def _model_inputs(model: torch.nn.Module) -> Optional[set]:
+    """The keyword arguments forward() takes, or None when it takes **kwargs."""
+    params = inspect.signature(model.forward).parameters
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(params) | set(_LABEL_KEYS)
+
+
+def _output_loss(output: Any) -> torch.Tensor:
+    loss = None
+    if isinstance(output, dict) or hasattr(output, "keys"):
+        loss = output.get("loss") if hasattr(output, "get") else None
+    elif isinstance(output, (list, tuple)) and output:
+        loss = output[0]
+    if not isinstance(loss, torch.Tensor):
+        raise _core.Error("train_dataset: the model's output has no loss on a collated batch; give "
+                          "the samples `labels` (or pass a Trainer whose compute_loss makes one)")
+    return loss
+
+
+@contextlib.contextmanager
+def _training_mode(model: torch.nn.Module, device: torch.device):
+    """The model in train mode on the Trainer's device for the trials, and
+    back as it was (mode and device) afterwards."""
+    modes = [(m, m.training) for m in model.modules()]
+    first = next(model.parameters(), None)
+    original = first.device if first is not None else device
+    if original != device:
+        model.to(device)
+    model.train()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        if original != device:
+            model.to(original)
+
+
+def _optimizer(trainer, model: torch.nn.Module, args) -> torch.optim.Optimizer:
+    """The optimizer the Trainer will make (`args.optim`, its kwargs), or the
+    Trainer's own when it was given one; its state is what is measured."""
+    if trainer is not None and trainer.optimizer is not None:
+        return trainer.optimizer
+    cls, kwargs = transformers.Trainer.get_optimizer_cls_and_kwargs(args, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise _core.Error("model: has no parameter that requires grad; there is nothing to train")
+    return cls(params, **kwargs)
+
+
+def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.Module],
+                       args: Optional["transformers.TrainingArguments"] = None,
+                       train_dataset: Any = None, *,
+                       data_collator: Optional[Callable] = None,
+                       target_batch: Optional[int] = None, objective: str = "throughput",
+                       amp: str = "auto", memory_limit=None, margin: float = 0.1,
+                       time_budget: float = 120, report: Optional[str] = "tune.html",
+                       return_result: bool = False, quiet: bool = False,
+                       **tune_kwargs: Any) -> Union["transformers.TrainingArguments",
+                                                    Tuple["transformers.TrainingArguments", TuneResult]]:
+    """Tunes the Trainer's training step and returns the `TrainingArguments`
+    to train with (a copy; `args` is not changed).
+
+    Args:
+        trainer_or_model: a `transformers.Trainer` (its model, args, train
+            data set, collator, `compute_loss` and, if it has one, optimizer),
+            or the model, with `args` and `train_dataset`.
+        args: the TrainingArguments (default: the Trainer's).
+        train_dataset: map-style or iterable samples (default: the Trainer's);
+            batches are `data_collator` (default: the Trainer's, else
+            `transformers.default_data_collator`) of its heaviest samples.
+        target_batch: the global batch over all processes; default the one
+            `args` configure (per-device × accumulation × processes), kept.
+        objective, amp, memory_limit, margin, time_budget, report: as
+            `batchtune.tune` (`memory_limit`: the CPU's emulated device).
+        return_result: also return the `TuneResult` (with the plan).
+        quiet: no summary on stderr.
+        tune_kwargs: more `batchtune.tune` options (`max_batch`, `sweep`,
+            `lr_scaling`, `warmup_steps`, ...).
+
+    The learning rate in `args` is taken as right for the batch `args`
+    configure; it is scaled to the target (unchanged when the target is that
+    batch). A plan in bf16/fp16 sets `bf16`/`fp16` (and clears the other).
+
+    Example::
+
+        args = tune_training_args(trainer, target_batch=256)
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+    """
+    trainer = trainer_or_model if isinstance(trainer_or_model, transformers.Trainer) else None
+    if trainer is not None:
+        model = trainer.model
+        args = args if args is not None else trainer.args
+        train_dataset = train_dataset if train_dataset is not None else trainer.train_dataset
+        data_collator = data_collator if data_collator is not None else trainer.data_collator
+    else:
+        model = trainer_or_model
+        if not isinstance(model, torch.nn.Module):
+            raise _core.Error(f"trainer_or_model: give a transformers.Trainer or the model "
+                              f"(an nn.Module), got {type(model).__name__}")
+        if args is None:
+            raise _core.Error("args: give the TrainingArguments to tune (or pass a Trainer)")
+        data_collator = data_collator or transformers.default_data_collator
+    if train_dataset is None:
+        raise _core.Error("train_dataset: give the training data set (or a Trainer that has one); "
+                          "batchtune tunes on its samples")
+    if target_batch is not None and target_batch < 1:
+        raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
+    for reserved in ("device", "group", "target_batch", "base_lr", "base_batch"):
+        if reserved in tune_kwargs:
+            raise _core.Error(f"{reserved}: tune_training_args takes it from the TrainingArguments; "
+                              "leave it out")
+    device = torch.device(args.device)  # under a launcher this initialises the process group
+    world = args.world_size
+    configured = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    target = target_batch or configured
+
+    if trainer is not None and args.remove_unused_columns:
+        # As the Trainer's own loader does.
+        remove = getattr(trainer, "_remove_unused_columns", None)
+        try:
+            import datasets  # noqa: F401
+
+            is_hf_dataset = isinstance(train_dataset, datasets.Dataset)
+        except ImportError:
+            is_hf_dataset = False
+        if is_hf_dataset and remove is not None:
+            train_dataset = remove(train_dataset, description="training")
+        elif hasattr(trainer, "_get_collator_with_removed_columns"):
+            data_collator = trainer._get_collator_with_removed_columns(data_collator, "training")
+    keep = _model_inputs(model) if args.remove_unused_columns else None
+
+    def convert(batch):
+        batch = dict(batch)  # a BatchEncoding is a UserDict
+        return {k: v for k, v in batch.items() if keep is None or k in keep}
+
+    make_batch = HeaviestFirst(train_dataset, data_collator, convert=convert,
+                               what="train_dataset")
+
+    if trainer is not None:
+        def loss_fn(m, batch):
+            # A copy: compute_loss may pop the labels, and a trial steps its batch more than once.
+            return trainer.compute_loss(m, dict(batch))
+    else:
+        def loss_fn(m, batch):
+            return _output_loss(m(**batch))
+
+    kwargs = dict(tune_kwargs)
+    if make_batch.size is not None:
+        kwargs["max_batch"] = min(kwargs.get("max_batch", 8192), max(1, make_batch.size // world))
+    lr_scaling = kwargs.get("lr_scaling")
+    warmup = kwargs.get("warmup_steps")
+    with _training_mode(model, device):
+        optimizer = _optimizer(trainer, model, args)
+        result = tune(model, optimizer, loss_fn, make_batch, device=device, amp=amp,
+                      objective=objective, memory_limit=memory_limit, margin=margin,
+                      time_budget=time_budget,
+                      report=report if args.process_index == 0 else None,
+                      base_lr=args.learning_rate, **kwargs)
+        kind = optimizer_kind(optimizer)
+        del optimizer
+    if not result.complete:
+        raise KeyboardInterrupt
+    chosen = result.chosen_batch_size  # the smallest process's, under a launcher
+    if chosen < 1:
+        reason = result.diagnosis or (result.trials[0].error if result.trials else "")
+        raise _core.Error(f"memory_limit: not even batch 1 of {type(model).__name__} fits ({reason}); "
+                          "give more memory or a smaller model")
+    micro, why = micro_for_target(chosen, target, world)
+    plan_amp = result.plan.amp if result.plan is not None else "off"
+    # The same inputs on every process: the same plan on every process.
+    plan = Plan.make(micro, target_batch=target, world_size=world, base_lr=args.learning_rate,
+                     base_batch=configured, optimizer=kind, lr_scaling=lr_scaling,
+                     warmup_steps=warmup, amp=plan_amp)
+    head = [f"micro-batch {chosen}: {result.reason}"]
+    if why:
+        head.append(why)
+    if result.plan is not None:
+        plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
+        head += [r for r in result.plan.reasons if r.startswith("amp")]
+    plan.reasons = [python_names(r) for r in head + plan.reasons]
+
+    changes = dict(per_device_train_batch_size=plan.micro_batch_size,
+                   gradient_accumulation_steps=plan.accumulation_steps,
+                   learning_rate=plan.lr, bf16=plan.amp == "bf16", fp16=plan.amp == "fp16")
+    # The plan's warm-up when it raised the lr, unless args already warm up longer.
+    if plan.warmup_steps > 0 and not (args.warmup_steps >= 1 and args.warmup_steps >= plan.warmup_steps):
+        changes["warmup_steps"] = plan.warmup_steps
+    tuned = dataclasses.replace(args, **changes)
+    result.plan = plan
+    if not quiet and args.process_index == 0:
+        print(f"batchtune: per_device_train_batch_size {plan.micro_batch_size} x "
+              f"gradient_accumulation_steps {plan.accumulation_steps} x {world} process(es) = "
+              f"global batch {plan.global_batch_size}; learning_rate {plan.lr:.6g}, "
+              f"warmup_steps {tuned.warmup_steps}, {'bf16' if tuned.bf16 else 'fp16' if tuned.fp16 else 'fp32'}",
+              file=sys.stderr)
+        for reason in plan.reasons:
+            print(f"batchtune:   {reason}", file=sys.stderr)
+    return (tuned, result) if return_result else tuned

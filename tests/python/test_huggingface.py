@@ -1,0 +1,77 @@
+"""batchtune.huggingface.tune_training_args: a small GPT-2 from a config (no
+download) tuned with its real loss on its data set; the returned
+TrainingArguments keep the target global batch and train; no trace."""
+import pytest
+import torch
+
+import batchtune
+
+from conftest import assert_bit_identical, state_copy
+
+transformers = pytest.importorskip("transformers")
+from batchtune.huggingface import tune_training_args  # noqa: E402
+
+LIMIT = "10MiB"
+LENGTH = 16
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=128, n_positions=LENGTH, n_embd=32, n_layer=2,
+                                     n_head=2, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def token_data(n=128):
+    # Made before any budget: host data, not the emulated device's.
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": x, "labels": x} for x in torch.randint(0, 128, (n, LENGTH), generator=g)]
+
+
+def training_args(tmp_path, **kwargs):
+    kwargs = {"per_device_train_batch_size": 64, "learning_rate": 1e-3, **kwargs}
+    return transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                          save_strategy="no", logging_strategy="no", **kwargs)
+
+
+def test_helper_keeps_the_global_batch_by_accumulation_and_the_args_train(tmp_path):
+    data = token_data()
+    with batchtune.emulated_memory(LIMIT):  # the training under the budget it was tuned for
+        model = tiny_gpt2()
+        args = training_args(tmp_path, max_steps=1)
+        tuned, result = tune_training_args(model, args, data, memory_limit=LIMIT, report=None,
+                                           amp="off", sweep=False, return_result=True, quiet=True)
+        # 64 does not fit: a smaller micro-batch, accumulated to the same 64.
+        assert result.max_batch_size < 64
+        assert tuned.per_device_train_batch_size < 64
+        assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps == 64
+        assert tuned.learning_rate == pytest.approx(1e-3)  # the global batch kept: lr unscaled
+        assert not tuned.bf16 and not tuned.fp16
+        assert args.per_device_train_batch_size == 64  # a copy; args is not changed
+        out = transformers.Trainer(model=model, args=tuned, train_dataset=data).train()
+    assert out.global_step == 1
+    assert torch.isfinite(torch.tensor(out.training_loss))
+
+
+def test_helper_scales_the_lr_to_a_target_batch_and_leaves_no_trace(tmp_path):
+    data = token_data()
+    model = tiny_gpt2()
+    model.eval()
+    trainer = transformers.Trainer(model=model, args=training_args(tmp_path, per_device_train_batch_size=8),
+                                   train_dataset=data)
+    before = state_copy(model, torch.optim.SGD(model.parameters(), lr=0))
+    tuned = tune_training_args(trainer, target_batch=64, memory_limit=LIMIT, report=None,
+                               amp="off", sweep=False, quiet=True)
+    assert_bit_identical(before[0], model.state_dict())
+    assert all(p.grad is None for p in model.parameters())
+    assert not model.training  # its eval mode back (the trials ran it in train mode)
+    assert trainer.optimizer is None  # the trials' AdamW was the helper's own
+    assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps == 64
+    # AdamW: square-root scaling from the configured 8 to 64, with a warm-up.
+    assert tuned.learning_rate == pytest.approx(1e-3 * (64 / 8) ** 0.5)
+    assert tuned.warmup_steps > 0
+
+
+def test_helper_without_a_dataset_names_it(tmp_path):
+    with pytest.raises(batchtune.Error, match="train_dataset: give the training data set"):
+        tune_training_args(tiny_gpt2(), training_args(tmp_path), None)
