@@ -202,6 +202,29 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     return ProbeResult._from_core(t)
 
 
+def _interrupted_before_the_search(model, device: torch.device, memory: "_core.DeviceMemory",
+                                   margin: float, objective: str, time_budget: float,
+                                   strategy: str) -> "_core.TuneReport":
+    """The result of a tune that a KeyboardInterrupt ended while the
+    precision was being measured: incomplete, no trial kept."""
+    core = _core.TuneReport()
+    n = sum(p.numel() for p in model.parameters())
+    core.workload = f"{type(model).__name__} ({n} parameters)"
+    core.device = str(device)
+    core.threads = torch.get_num_threads()
+    core.objective = objective
+    core.capacity_bytes = memory.capacity_bytes
+    core.usable_bytes = memory.usable_bytes
+    core.margin = margin
+    search = _core.SearchResult()
+    search.set_strategy(strategy)
+    search.stop_reason = "interrupted by KeyboardInterrupt while amp auto was measured"
+    core.search = search
+    core.complete = False
+    core.interrupted_by = "KeyboardInterrupt"
+    return core
+
+
 def _choose_amp(amp: str, model, optimizer, loss_fn, make_batch, device: torch.device,
                 memory: "_core.DeviceMemory", margin: float, group) -> Tuple[str, str]:
     """Precision first, as `batchtune tune`: every trial then runs at the
@@ -298,22 +321,30 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         raise python_names(e) from None
     communicator = _distributed.communicator(group)
     started = time.perf_counter()
+    written = None
     with _measured_device(dev, memory_limit, model, optimizer) as memory:
-        amp_mode, amp_reason = _choose_amp(amp, model, optimizer, loss_fn, make_batch, dev,
-                                           memory, margin, group)
-        subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
-        runner = Runner(subject, memory, margin)
         try:
-            core = _core.tune(runner._cpp, options, communicator=communicator, verbose=verbose,
-                              report=report or "", amp_reason=amp_reason, sweep=sweep)
-        except _core.Error as e:
-            raise python_names(e) from None
-        finally:
-            subject.batch = None
+            amp_mode, amp_reason = _choose_amp(amp, model, optimizer, loss_fn, make_batch, dev,
+                                               memory, margin, group)
+        except KeyboardInterrupt:
+            # Ctrl-C while the precision was measured: nothing to keep yet.
+            core = _interrupted_before_the_search(model, dev, memory, margin, objective,
+                                                  time_budget, strategy)
+        else:
+            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
+            runner = Runner(subject, memory, margin)
+            try:
+                core = _core.tune(runner._cpp, options, communicator=communicator,
+                                  verbose=verbose, report=report or "", amp_reason=amp_reason,
+                                  sweep=sweep)
+            except _core.Error as e:
+                raise python_names(e) from None
+            finally:
+                subject.batch = None
+            if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
+                written = report
     document = json.loads(core.to_json())
     plan = Plan(**json.loads(core.plan_json)) if core.plan_json is not None else None
-    written = report if report and _distributed.rank(group) == 0 and (
-        list(core.sweep) or not core.complete) else None
     return TuneResult(
         max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
         plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],
