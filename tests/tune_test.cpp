@@ -96,6 +96,37 @@ TEST(Tune, FindsTheLimitOfAFakeCurveAndPlansIt) {
   EXPECT_EQ(json.at("trials").size(), r.search.trials.size());
 }
 
+TEST(Tune, ARunnerTunePlansWithTheRequestedOptimizersLrScaling) {
+  // A subject without a Workload (the Python package's): the plan's default
+  // lr scaling follows the optimizer the request names.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  FakeSubject subject(64 * 1024);
+  TrialRunner runner(subject, *memory, 0.1);
+  PlanRequest request;
+  request.target_batch = 4096;
+  const TuneResult adam = tune(runner, TuneOptions().time_budget_s(60).plan(request));
+  ASSERT_TRUE(adam.plan.has_value());
+  EXPECT_EQ(adam.plan->lr_scaling, LrScaling::kSqrt);
+  request.optimizer = "sgd";
+  const TuneResult sgd = tune(runner, TuneOptions().time_budget_s(60).plan(request));
+  ASSERT_TRUE(sgd.plan.has_value());
+  EXPECT_EQ(sgd.plan->lr_scaling, LrScaling::kLinear);
+  EXPECT_NE(sgd.plan->reason(PlanField::kLr).find("default for sgd"), std::string::npos)
+      << sgd.plan->reason(PlanField::kLr);
+}
+
+TEST(Tune, MeasuredCpuAmpOverRunnersSaysWhenFp32DoesNotFit) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 16 * kMiB);
+  FakeSubject subject(16 * kMiB);  // not even one sample fits
+  TrialRunner fp32(subject, *memory, 0.1);
+  TrialRunner bf16(subject, *memory, 0.1);
+  const AmpChoice choice = measure_cpu_amp(fp32, bf16, 4);
+  EXPECT_EQ(choice.mode, AmpMode::kOff);
+  EXPECT_NE(choice.reason.find("fp32 step at batch 4 did not fit"), std::string::npos)
+      << choice.reason;
+  EXPECT_EQ(subject.saves, subject.restores);
+}
+
 TEST(Tune, AStopEndsTheRunIncompleteWithTheTrialsSoFar) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
   FakeSubject subject(64 * 1024);

@@ -1,10 +1,17 @@
 """Agreement across the ranks of the user's own process group (no second
-rendezvous): the smallest rank's maximum, rank 0's plan for every rank."""
+rendezvous): the smallest rank's maximum, rank 0's plan for every rank.
+
+`tune` runs the library's pipeline, whose data-parallel agreement
+(`DataParallel`: the minimum over ranks after the search, rank 0's plan)
+calls the collectives of a `Communicator`; `TorchCommunicator` is that
+interface over torch.distributed and the user's group."""
 from __future__ import annotations
 
 from typing import Any, Optional
 
 import torch
+
+from . import _core
 
 
 def active(group: Optional[Any] = None) -> bool:
@@ -79,3 +86,49 @@ def broadcast_object(obj: Any, group: Optional[Any] = None) -> Any:
         dist.broadcast_object_list(box, src=src, group=group,
                                    device=_collective_device(group))
     return box[0]
+
+
+class TorchCommunicator(_core.Communicator):
+    """The C++ `Communicator` over torch.distributed: the library's
+    collectives run on the user's own process group."""
+
+    def __init__(self, group: Optional[Any] = None):
+        _core.Communicator.__init__(self)
+        self.group = group
+        self._device = _collective_device(group)
+
+    def rank(self) -> int:
+        return rank(self.group)
+
+    def world_size(self) -> int:
+        return world_size(self.group)
+
+    def backend(self) -> str:
+        import torch.distributed as dist
+
+        return str(dist.get_backend(self.group)).lower()
+
+    def device(self) -> str:
+        return str(self._device)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> None:
+        import torch.distributed as dist
+
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        dist.all_reduce(tensor, op=ops[op], group=self.group)
+
+    def broadcast(self, tensors, root: int) -> None:
+        import torch.distributed as dist
+
+        src = dist.get_global_rank(self.group, root) if self.group is not None else root
+        for t in tensors:
+            dist.broadcast(t, src=src, group=self.group)
+
+    def report_failure(self, message: str) -> None:
+        pass  # torch.distributed's own timeouts name the rank that is gone
+
+
+def communicator(group: Optional[Any] = None) -> Optional[TorchCommunicator]:
+    """The library's communicator over `group` when the job has more than
+    one rank, else None (one process: nothing to agree)."""
+    return TorchCommunicator(group) if active(group) else None

@@ -4,6 +4,7 @@ extension and Python's torch share one LibTorch, so Python's tensors count)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Iterator, Optional, Union
 
 import torch
@@ -39,13 +40,11 @@ def parse_limit(limit: MemoryLimit) -> Optional[int]:
 
 
 def python_names(error: Exception) -> Exception:
-    """The C++ core's message with its CLI flag (`--memory-limit:`) named as
-    the Python argument (`memory_limit:`)."""
-    text = str(error)
-    head, sep, rest = text.partition(":")
-    if sep and head.startswith("--") and " " not in head:
-        text = head[2:].replace("-", "_") + sep + rest
-        text = text.replace("give a larger limit", "give a larger memory_limit")
+    """The C++ core's message with its CLI flags (`--memory-limit`) named as
+    the Python arguments (`memory_limit`)."""
+    text = re.sub(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)",
+                  lambda m: m.group(1).replace("-", "_"), str(error))
+    text = text.replace("give a larger limit", "give a larger memory_limit")
     return type(error)(text)
 
 

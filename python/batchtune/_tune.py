@@ -1,30 +1,24 @@
 """probe, tune and env: the Python faces of `batchtune probe`, `tune` and `env`.
 
-The C++ core searches, sweeps, chooses, plans and writes the report; Python
-supplies the model, the optimizer, the loss and the batches."""
+The C++ core searches, sweeps, chooses, plans and writes the report (`tune`
+is the library's pipeline, `batchtune::tune`); Python supplies the model, the
+optimizer, the loss and the batches."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
-import os
-import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
 from . import _core, _distributed
-from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
+from ._memory import (MemoryLimit, device_memory, python_names, resolve_device, restored_budget,
+                      uncounted_bytes)
 from ._step import LossFn
 from ._trial import MakeBatch, Runner, Subject
 from .plan import Plan, optimizer_kind
-
-# Search trials: one untimed step (it allocates the optimizer state, which
-# must be counted) and one timed step, as `batchtune tune`.
-_SEARCH_WARMUP_STEPS = 1
-_SEARCH_TIMED_STEPS = 1
-
 
 def env() -> Dict[str, Any]:
     """What the machine has, as `batchtune env --json`: `torch_version`,
@@ -208,9 +202,49 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     return ProbeResult._from_core(t)
 
 
-def _say(verbose: bool, text: str) -> None:
-    if verbose:
-        print(text, file=sys.stderr, flush=True)
+def _interrupted_before_the_search(model, device: torch.device, memory: "_core.DeviceMemory",
+                                   margin: float, objective: str, time_budget: float,
+                                   strategy: str) -> "_core.TuneReport":
+    """The result of a tune that a KeyboardInterrupt ended while the
+    precision was being measured: incomplete, no trial kept."""
+    core = _core.TuneReport()
+    n = sum(p.numel() for p in model.parameters())
+    core.workload = f"{type(model).__name__} ({n} parameters)"
+    core.device = str(device)
+    core.threads = torch.get_num_threads()
+    core.objective = objective
+    core.capacity_bytes = memory.capacity_bytes
+    core.usable_bytes = memory.usable_bytes
+    core.margin = margin
+    search = _core.SearchResult()
+    search.set_strategy(strategy)
+    search.stop_reason = "interrupted by KeyboardInterrupt while amp auto was measured"
+    core.search = search
+    core.complete = False
+    core.interrupted_by = "KeyboardInterrupt"
+    return core
+
+
+def _choose_amp(amp: str, model, optimizer, loss_fn, make_batch, device: torch.device,
+                memory: "_core.DeviceMemory", margin: float, group) -> Tuple[str, str]:
+    """Precision first, as `batchtune tune`: every trial then runs at the
+    precision training will use. `auto` on CUDA by compute capability; on the
+    CPU by the library's measurement (`measure_cpu_amp`: alternating fp32 and
+    bf16 trials of your step); rank 0's choice for every rank."""
+    if amp == "fp16" and device.type == "cpu":
+        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
+    if amp != "auto":
+        return amp, f"amp {amp}: as asked with amp='{amp}'"
+    if device.type == "cuda":
+        choice = _core.choose_cuda_amp(*torch.cuda.get_device_capability(device))
+    else:
+        fp32 = Runner(Subject(model, optimizer, loss_fn, make_batch, device, "off"), memory, margin)
+        bf16 = Runner(Subject(model, optimizer, loss_fn, make_batch, device, "bf16"), memory, margin)
+        try:
+            choice = _core.measure_cpu_amp(fp32._cpp, bf16._cpp, _core.AMP_PROBE_MAX_BATCH)
+        finally:
+            fp32.subject.batch = bf16.subject.batch = None
+    return tuple(_distributed.broadcast_object(tuple(choice), group))
 
 
 def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
@@ -224,7 +258,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          group: Optional[Any] = None, verbose: bool = False) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
-    step, leaving no trace.
+    step, leaving no trace. It is the library's pipeline, the one `batchtune
+    tune` runs: precision first, then search, sweep, choice and plan under one
+    time budget, with the utilization monitor running.
 
     Args:
         model, optimizer: what you train; the optimizer's own state is measured.
@@ -239,13 +275,18 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         target_batch: the logical batch to reach by gradient accumulation.
         memory_limit: the CPU's emulated device size, or a cap on CUDA.
         margin: share of the capacity kept free.
-        time_budget: seconds; the search stops with the best size so far.
+        time_budget: seconds for the whole tune, shared as `batchtune tune
+            --time-budget` shares it (search 40 %, sweep 35 %, what a phase
+            leaves handed on); it stops with the best found so far. A trial
+            that started runs to its end.
         report: path of the HTML report, or None.
         sweep: False stops after the search (the plan takes the maximum).
         base_lr, base_batch: the lr known to work at `base_batch` (default the
             optimizer's lr, at the chosen micro-batch).
         group: the `torch.distributed` process group (default: the world when
             initialised): the minimum over ranks, one plan to every rank.
+        verbose: print `batchtune tune`'s console output (phases, tables,
+            plan) to stderr.
 
     Ctrl-C ends it with what was measured (`complete` False), leaving no trace.
 
@@ -264,148 +305,49 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         raise _core.Error(f"tolerance: must be at least 0 and below 1, got {tolerance}")
     if target_batch is not None and target_batch < 1:
         raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
+    if not (time_budget > 0):
+        raise _core.Error(f"time_budget: must be positive seconds, got {time_budget}")
     dev = resolve_device(device)
-    world = _distributed.world_size(group)
-    primary = _distributed.rank(group) == 0
-    trial_amp = amp if amp != "auto" else "off"
-    started = time.perf_counter()
-    measured: List[_core.TrialResult] = []
-    swept: List[_core.TrialResult] = []
-    complete = True
-    search = _core.SearchResult()
-    rows: List[_core.SweepRow] = []
-    selection = _core.Selection()
-    diagnosis = _core.Diagnosis()
-    plan: Optional[Plan] = None
-    amp_choice = (trial_amp, "")
-    with _measured_device(dev, memory_limit, model, optimizer) as memory:
-        subject = Subject(model, optimizer, loss_fn, make_batch, dev, trial_amp)
-        runner = Runner(subject, memory, margin)
-        tune_report = _core.TuneReport()
-        tune_report.workload = subject.describe()
-        tune_report.device = str(dev)
-        tune_report.threads = torch.get_num_threads()
-        tune_report.objective = objective
-        tune_report.capacity_bytes = memory.capacity_bytes
-        tune_report.usable_bytes = memory.usable_bytes
-        tune_report.margin = margin
-        _say(verbose, f"{tune_report.workload} on {dev}; searching the largest batch that fits ({strategy})")
-
-        def search_trial(batch: int) -> "_core.TrialResult":
-            return runner.run(_core.TrialOptions(batch_size=batch, steps=_SEARCH_TIMED_STEPS,
-                                                 warmup_steps=_SEARCH_WARMUP_STEPS))
-
-        def on_trial(t: "_core.TrialResult", index: int) -> None:
-            measured.append(t)
-            _say(verbose, f"trial {index + 1}: batch {t.batch_size} "
-                          f"{'fits' if t.fits else 'does not fit'}, peak {_core.format_bytes(t.peak_bytes)}")
-
-        def sweep_trial(options: "_core.TrialOptions") -> "_core.TrialResult":
-            t = runner.run(options)
-            swept.append(t)
-            return t
-
-        try:
-            search = _core.search_max_batch(search_trial, strategy, max_batch, float(time_budget),
-                                            search_tolerance, on_trial)
-            own = search.max_batch_size
-            search.max_batch_size = _distributed.all_min(own, group)
-            if world > 1:
-                _say(verbose and primary, f"largest batch {own} here, {search.max_batch_size} for the job")
-            tune_report.search = search
-            if sweep and search.max_batch_size > 0:
-                rows = _core.run_sweep(sweep_trial, _core.sweep_grid(search.max_batch_size),
-                                       search.trials)
-                tune_report.sweep = rows
-                if rows:
-                    selection = _core.select_batch(rows, objective, tolerance)
-                    diagnosis = _core.diagnose(rows, selection, tolerance)
-            elif search.max_batch_size > 0:
-                selection.batch_size = search.max_batch_size
-                selection.reason = "the largest batch that fits (no sweep)"
-            if selection.batch_size > 0:
-                selection.batch_size = _distributed.all_min(selection.batch_size, group)
-                amp_choice = _choose_amp(amp, runner, subject, dev, selection.batch_size, rows)
-        except KeyboardInterrupt:
-            complete = False
-            _keep_partial(tune_report, search, measured, swept, strategy)
-            search = tune_report.search
-            rows = list(tune_report.sweep)
-            _say(verbose, f"interrupted: keeping the {len(measured) + len(swept)} trial(s) measured so far")
-        tune_report.selection = selection
-        tune_report.diagnosis = diagnosis
-        tune_report.complete = complete
-        tune_report.utilization_note = ("GPU utilization unavailable: the device is the CPU"
-                                        if dev.type == "cpu" else "utilization: not sampled from Python")
-        if complete and selection.batch_size > 0:
-            plan = None
-            if primary:
-                lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
-                plan = Plan(**json.loads(_core.make_plan(
-                    micro_batch_size=selection.batch_size, target_batch=target_batch or 0,
-                    world_size=world, base_lr=lr, base_batch=base_batch or 0,
-                    optimizer=optimizer_kind(optimizer), lr_scaling=lr_scaling or "",
-                    warmup_steps=-1 if warmup_steps is None else warmup_steps,
-                    amp=amp_choice[0], amp_reason=amp_choice[1])))
-                plan.reasons.insert(0, f"micro-batch {selection.batch_size}: {selection.reason}")
-            plan = _distributed.broadcast_object(plan, group)
-        document = json.loads(tune_report.to_json())
-        document["plan"] = plan.to_dict() if plan is not None else None
-        document["loader"] = []
-        document["loader_note"] = "loader tuning skipped: from Python the data are make_batch's"
-        document["complete"] = complete
-        if not complete:
-            document["interrupted_by"] = "KeyboardInterrupt"
-        written = None
-        if report and primary and (rows or not complete):
-            html = tune_report.html()
-            tmp = f"{report}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(html)
-            os.replace(tmp, report)
-            written = report
-    return TuneResult(
-        max_batch_size=search.max_batch_size, chosen_batch_size=selection.batch_size, plan=plan,
-        trials=[ProbeResult._from_core(t) for t in list(search.trials)],
-        sweep=[SweepRow._from_core(r) for r in rows], complete=complete,
-        reason=selection.reason, diagnosis=diagnosis.text,
-        seconds=time.perf_counter() - started, report=written, _json=document)
-
-
-def _choose_amp(amp: str, runner: Runner, subject: Subject, device: torch.device, batch: int,
-                rows) -> tuple:
-    """amp="auto": on CUDA by compute capability; on the CPU by a measured
-    bf16 step against the fp32 sweep row (the C++ rule, `choose_cpu_amp`)."""
-    if amp != "auto":
-        return amp, f"amp {amp}: asked for"
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        return _core.choose_cuda_amp(major, minor)
-    fp32 = next((r.step_ms for r in rows if r.batch_size == batch), None)
-    if fp32 is None:
-        fp32 = runner.run(_core.TrialOptions(batch_size=batch, steps=3, warmup_steps=1)).step_ms
-    subject.train_step.amp = "bf16"
+    lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
     try:
-        t = runner.run(_core.TrialOptions(batch_size=batch, steps=3, warmup_steps=1))
-    finally:
-        subject.train_step.amp = "off"
-    return _core.choose_cpu_amp(fp32, t.step_ms if t.fits else None)
-
-
-def _keep_partial(report, search, measured, swept, strategy: str) -> None:
-    """What an interrupted tune keeps, as the CLI: the finished trials, the
-    largest that fitted, a sweep row per size timed so far."""
-    if not list(report.search.trials):
-        s = _core.SearchResult()
-        s.set_strategy(strategy)
-        s.trials = measured
-        s.max_batch_size = max([t.batch_size for t in measured if t.fits], default=0)
-        s.steps = sum(t.steps_run for t in measured)
-        s.stop_reason = "interrupted by KeyboardInterrupt"
-        report.search = s
-    if not list(report.sweep):
-        by_size = {}
-        for t in swept:
-            if t.fits:
-                by_size[t.batch_size] = _core.sweep_row(t)
-        report.sweep = [by_size[b] for b in sorted(by_size)]
+        options = _core.TuneOptions(
+            strategy=strategy, max_batch=max_batch, search_tolerance=search_tolerance,
+            time_budget_s=float(time_budget), objective=objective, tolerance=tolerance,
+            target_batch=target_batch, base_lr=lr, base_batch=base_batch,
+            lr_scaling=lr_scaling, warmup_steps=warmup_steps,
+            optimizer=optimizer_kind(optimizer))
+        options.validate()
+    except _core.Error as e:
+        raise python_names(e) from None
+    communicator = _distributed.communicator(group)
+    started = time.perf_counter()
+    written = None
+    with _measured_device(dev, memory_limit, model, optimizer) as memory:
+        try:
+            amp_mode, amp_reason = _choose_amp(amp, model, optimizer, loss_fn, make_batch, dev,
+                                               memory, margin, group)
+        except KeyboardInterrupt:
+            # Ctrl-C while the precision was measured: nothing to keep yet.
+            core = _interrupted_before_the_search(model, dev, memory, margin, objective,
+                                                  time_budget, strategy)
+        else:
+            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
+            runner = Runner(subject, memory, margin)
+            try:
+                core = _core.tune(runner._cpp, options, communicator=communicator,
+                                  verbose=verbose, report=report or "", amp_reason=amp_reason,
+                                  sweep=sweep)
+            except _core.Error as e:
+                raise python_names(e) from None
+            finally:
+                subject.batch = None
+            if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
+                written = report
+    document = json.loads(core.to_json())
+    plan = Plan(**json.loads(core.plan_json)) if core.plan_json is not None else None
+    return TuneResult(
+        max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
+        plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],
+        sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
+        reason=core.selection.reason, diagnosis=core.diagnosis.text,
+        seconds=time.perf_counter() - started, report=written, _json=document)

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/memory/device_memory.h"
@@ -26,6 +27,7 @@
 #include "batchtune/tuning/search.h"
 #include "batchtune/tuning/sweep.h"
 #include "trial_subject.h"
+#include "tune_binding.h"
 
 namespace py = pybind11;
 
@@ -130,6 +132,7 @@ void bind_trial(py::module_& m) {
       .def(py::init<>())
       .def_readwrite("batch_size", &TrialResult::batch_size)
       .def_readwrite("fits", &TrialResult::fits)
+      .def_property_readonly("amp", [](const TrialResult& t) { return amp_name(t.amp); })
       .def_property(
           "failure", [](const TrialResult& t) { return std::string(failure_name(t.failure)); },
           [](TrialResult& t, const std::string& name) {
@@ -298,6 +301,20 @@ void bind_report(py::module_& m) {
       .def_readwrite("utilization_note", &TuneResult::utilization_note)
       .def_readwrite("complete", &TuneResult::complete)
       .def_readwrite("energy_note", &TuneResult::energy_note)
+      .def_readwrite("interrupted_by", &TuneResult::interrupted_by)
+      .def_readwrite("amp_reason", &TuneResult::amp_reason)
+      .def_property_readonly("amp", [](const TuneResult& r) { return amp_name(r.amp); })
+      .def_readonly("rank_max_batch_size", &TuneResult::rank_max_batch_size)
+      .def_readonly("time_budget_s", &TuneResult::time_budget_s)
+      .def_property_readonly("timeline_points",
+                             [](const TuneResult& r) { return r.timeline.size(); })
+      .def_property_readonly(
+          "plan_json",
+          [](const TuneResult& r) -> std::optional<std::string> {
+            if (!r.plan) return std::nullopt;
+            return dump(to_json(*r.plan));
+          },
+          "The plan as JSON text (the fields of `batchtune plan --json`), or None.")
       .def("add_timeline_point",
            [](TuneResult& r, double seconds, std::optional<double> utilization) {
              r.timeline.push_back({seconds, utilization});
@@ -321,6 +338,9 @@ PYBIND11_MODULE(_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
       py::set_error(error, e.what());
+    } catch (const Interrupted&) {
+      // A KeyboardInterrupt from the Python subject, passed through a trial.
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
     } catch (const c10::OutOfMemoryError& e) {
       py::object oom = py::module_::import("torch").attr("OutOfMemoryError");
       py::set_error(oom, first_line(e.what_without_backtrace()).c_str());
@@ -337,4 +357,5 @@ PYBIND11_MODULE(_core, m) {
   bind_plan(m);
   bind_report(m);
   bind_trial_subject(m);
+  bind_tune(m);
 }

@@ -5,9 +5,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <string>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
+#include "batchtune/step/amp.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/trial_failure.h"
@@ -17,6 +20,8 @@ namespace py = pybind11;
 namespace batchtune::python {
 namespace {
 
+std::atomic<bool> keyboard_interrupt{false};
+
 std::string first_line_of(const py::error_already_set& e) {
   return first_line(py::str(e.value()).cast<std::string>());
 }
@@ -25,9 +30,11 @@ std::string first_line_of(const py::error_already_set& e) {
 /// Python (torch.OutOfMemoryError) becomes the `c10::OutOfMemoryError` the
 /// C++ runner turns into a result, and a Python error whose message is a size
 /// refusal (batch norm at batch 1) a `c10::Error`; the Python exception (and
-/// the frames, and the tensors they hold) is released first. Anything else
-/// (the user's exception, KeyboardInterrupt) passes through unchanged: the
-/// runner restores the state and rethrows, and Python sees its own exception.
+/// the frames, and the tensors they hold) is released first. A
+/// KeyboardInterrupt becomes `batchtune::Interrupted` (noted, see
+/// `note_keyboard_interrupt`). Anything else (the user's exception) passes
+/// through unchanged: the runner restores the state and rethrows, and Python
+/// sees its own exception.
 class PyTrialSubject : public TrialSubject {
  public:
   using TrialSubject::TrialSubject;
@@ -41,8 +48,14 @@ class PyTrialSubject : public TrialSubject {
     translated([&] { loss = call("step").cast<at::Tensor>(); });
     return loss;
   }
-  void save() override { call("save"); }
-  void restore() override { call("restore"); }
+  AmpMode amp() const override {
+    py::gil_scoped_acquire gil;
+    py::object self = py::cast(static_cast<const TrialSubject*>(this));
+    if (!py::hasattr(self, "amp")) return AmpMode::kOff;
+    return parse_amp(self.attr("amp").cast<std::string>(), "amp");
+  }
+  void save() override { translated([&] { call("save"); }); }
+  void restore() override { translated([&] { call("restore"); }); }
 
  private:
   py::object call(const char* name, py::args args = py::args()) const {
@@ -67,6 +80,7 @@ class PyTrialSubject : public TrialSubject {
     std::string message;
     bool oom = false;
     bool refusal = false;
+    bool interrupted = false;
     {
       try {
         body();
@@ -75,7 +89,9 @@ class PyTrialSubject : public TrialSubject {
         py::gil_scoped_acquire gil;
         static py::handle oom_type =
             py::object(py::module_::import("torch").attr("OutOfMemoryError")).release();
-        if (e.matches(oom_type)) {
+        if (e.matches(PyExc_KeyboardInterrupt)) {
+          interrupted = true;
+        } else if (e.matches(oom_type)) {
           oom = true;
           message = first_line_of(e);
         } else if ((e.matches(PyExc_RuntimeError) || e.matches(PyExc_ValueError)) &&
@@ -88,12 +104,20 @@ class PyTrialSubject : public TrialSubject {
       }
     }
     // The Python exception is gone here: its frames no longer hold tensors.
+    if (interrupted) {
+      note_keyboard_interrupt();
+      throw Interrupted();
+    }
     if (oom) TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     if (refusal) TORCH_CHECK(false, message);
   }
 };
 
 }  // namespace
+
+void note_keyboard_interrupt() { keyboard_interrupt = true; }
+bool keyboard_interrupt_noted() { return keyboard_interrupt; }
+void clear_keyboard_interrupt() { keyboard_interrupt = false; }
 
 void bind_trial_subject(py::module_& m) {
   m.attr("HAS_TRIAL_SUBJECT") = true;
@@ -110,6 +134,7 @@ void bind_trial_subject(py::module_& m) {
            py::arg("memory"), py::arg("margin") = kDefaultMargin, py::keep_alive<1, 2>(),
            py::keep_alive<1, 3>())
       .def("run", &TrialRunner::run)
+      .def_property_readonly("margin", &TrialRunner::margin)
       .def_property_readonly("total_steps", &TrialRunner::total_steps);
 }
 

@@ -8,4 +8,15 @@ namespace batchtune::python {
 /// and restore) and the C++ `TrialRunner` over it.
 void bind_trial_subject(pybind11::module_& m);
 
+/// What a tune's result names a KeyboardInterrupt by (`interrupted_by`).
+inline constexpr const char* kKeyboardInterrupt = "KeyboardInterrupt";
+
+/// A KeyboardInterrupt raised in the Python subject (or a reporter) is noted
+/// here and becomes `batchtune::Interrupted`, which the runner passes on
+/// after restoring the subject: `tune` ends with what was measured, a lone
+/// trial (`probe`) raises KeyboardInterrupt again.
+void note_keyboard_interrupt();
+bool keyboard_interrupt_noted();
+void clear_keyboard_interrupt();
+
 }  // namespace batchtune::python

@@ -117,11 +117,15 @@ AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory
     }
     return {AmpMode::kOff, "amp off: the CUDA device could not be queried (" + reason + ")"};
   }
+  TrialRunner fp32_runner(workload, memory, kDefaultMargin, AmpMode::kOff);
+  TrialRunner bf16_runner(workload, memory, kDefaultMargin, AmpMode::kBf16);
+  return measure_cpu_amp(fp32_runner, bf16_runner, batch_size);
+}
+
+AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner, int64_t batch_size) {
   // Alternating rounds, each side's fastest step: on a shared machine other
   // processes slow some steps down, and a single pair of medians was seen to
   // flip the decision (3.5x faster, then 1.6x slower, for the same model).
-  TrialRunner fp32_runner(workload, memory, kDefaultMargin, AmpMode::kOff);
-  TrialRunner bf16_runner(workload, memory, kDefaultMargin, AmpMode::kBf16);
   const auto options = TrialOptions().batch_size(batch_size).steps(kAmpProbeSteps);
   double fp32_ms = 0;
   double bf16_ms = 0;

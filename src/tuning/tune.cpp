@@ -395,6 +395,7 @@ class Pipeline {
           .amp(amp.mode)
           .amp_reason(amp.reason)
           .pin_memory(runner_.memory().device().is_cuda());
+      if (request.optimizer) o.optimizer(*request.optimizer);
       plan = make_plan(o);
       plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
     }

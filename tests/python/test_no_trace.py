@@ -116,3 +116,20 @@ def test_keyboard_interrupt_ends_tune_with_what_was_measured():
     d = r.to_dict()
     assert d["complete"] is False and d["interrupted_by"] == "KeyboardInterrupt"
     assert_bit_identical(before, state_copy(model, optimizer))
+
+
+def test_keyboard_interrupt_while_amp_auto_is_measured_ends_tune_incomplete():
+    model = small_convnet()
+    optimizer = torch.optim.Adam(model.parameters())
+    before = state_copy(model, optimizer)
+
+    def make_batch(n):
+        raise KeyboardInterrupt()
+
+    r = batchtune.tune(model, optimizer, classify_loss, make_batch, memory_limit="64MiB",
+                       report=None, amp="auto")
+    assert not r.complete and r.trials == [] and r.max_batch_size == 0 and r.plan is None
+    d = r.to_dict()
+    assert d["complete"] is False and d["interrupted_by"] == "KeyboardInterrupt"
+    assert_bit_identical(before, state_copy(model, optimizer))
+    assert optimizer.state_dict()["state"] == {}

@@ -94,3 +94,100 @@ def test_bad_arguments_say_which_and_how():
         batchtune.probe(model, None, classify_loss, image_batch())
     with pytest.raises(batchtune.Error, match="memory_limit"):
         batchtune.probe(model, optimizer, classify_loss, image_batch(), memory_limit="1KiB")
+
+
+def test_tune_is_the_library_pipeline_with_the_cli_json(tmp_path):
+    """One pipeline: the JSON is `batchtune tune --json`'s, with the time budget
+    of the whole run, the phases it spent, the precision chosen first and the
+    utilization monitor's fields."""
+    model = small_convnet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                       memory_limit="32MiB", report=None, amp="off", max_batch=128,
+                       time_budget=8)
+    d = r.to_dict()
+    assert d["time_budget_s"] == 8
+    assert {"search", "sweep", "plan"} <= set(d["phase_seconds"])
+    assert d["amp"] == "off" and d["amp_reason"] == "amp off: as asked with amp='off'"
+    assert d["threads"] == torch.get_num_threads()
+    # The monitor ran (on the CPU: this process's CPU time, and no GPU).
+    assert d["utilization_note"] and "no GPU" in d["utilization_note"]
+    assert "GPU utilization unavailable" in d["utilization_details"]
+    assert d["sweep"] and all("utilization" in row for row in d["sweep"])
+    assert d["loader"] == [] and "make_batch" in d["loader_note"]
+    assert d["plan"]["lr_scaling"] == "sqrt"  # AdamW's default
+    assert r.plan.reasons[0].startswith(f"micro-batch {r.chosen_batch_size}:")
+    assert d["search"]["stop_reason"]
+
+
+def test_amp_auto_is_chosen_first_by_a_measured_step():
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                       memory_limit="32MiB", report=None, amp="auto", max_batch=64,
+                       sweep=False)
+    d = r.to_dict()
+    assert d["amp"] in ("off", "bf16")
+    assert "bf16 autocast step" in d["amp_reason"], d["amp_reason"]
+    assert r.plan.amp == d["amp"]
+    assert all(t["amp"] == d["amp"] for t in d["trials"])  # every trial at that precision
+    with pytest.raises(batchtune.Error, match="amp: fp16 autocast is for CUDA"):
+        batchtune.tune(model, optimizer, classify_loss, image_batch(), memory_limit="32MiB",
+                       amp="fp16", report=None)
+
+
+def test_sweep_false_plans_the_largest_batch_and_no_fit_names_python_arguments():
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch(), memory_limit="64MiB",
+                       max_batch=64, sweep=False, report=None, amp="off", target_batch=128)
+    assert r.sweep == [] and r.chosen_batch_size == r.max_batch_size == r.plan.micro_batch_size
+    assert "no sweep" in r.reason
+    assert r.plan.lr_scaling == "linear"  # SGD's default
+    with pytest.raises(batchtune.Error) as e:
+        batchtune.tune(model, optimizer, classify_loss, image_batch((3, 512, 512)),
+                       memory_limit="2MiB", report=None, amp="off", margin=0)
+    assert str(e.value).startswith("memory_limit: not even batch 1 fits"), str(e.value)
+    assert "--" not in str(e.value)
+
+
+def test_verbose_prints_the_cli_console_and_a_python_reporter_sees_every_trial(capsys):
+    from batchtune import _core
+    from batchtune._trial import Runner, Subject
+
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                   memory_limit="32MiB", report=None, amp="off", max_batch=32, verbose=True,
+                   time_budget=5)
+    err = capsys.readouterr().err
+    assert "searching the largest batch that fits" in err
+    assert "timing" in err and "batch sizes" in err
+
+    class Recorder(_core.TuneReporter):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def phase_started(self, phase, what):
+            self.events.append(("phase", phase))
+
+        def trial_finished(self, phase, trial, index):
+            self.events.append((phase, trial.batch_size, trial.fits))
+
+        def finished(self, result):
+            self.events.append(("finished", result.complete))
+
+    recorder = Recorder()
+    with batchtune.emulated_memory("32MiB") as memory:
+        subject = Subject(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                          torch.device("cpu"), "off")
+        runner = Runner(subject, memory, 0.1)
+        core = _core.tune(runner._cpp, _core.TuneOptions(max_batch=32, time_budget_s=5),
+                          reporter=recorder)
+    searched = [e for e in recorder.events if e[0] == "search"]
+    swept = [e for e in recorder.events if e[0] == "sweep"]
+    assert len(searched) == len(core.search.trials)
+    assert [e[1] for e in searched] == [t.batch_size for t in core.search.trials]
+    assert swept and recorder.events[-1] == ("finished", True)
+    assert ("phase", "search") in recorder.events and ("phase", "sweep") in recorder.events

@@ -10,6 +10,7 @@
 namespace batchtune {
 
 class DeviceMemory;
+class TrialRunner;
 class Workload;
 
 /// Mixed precision of a plan. `kAuto` is only ever asked for: `choose_amp`
@@ -76,6 +77,12 @@ struct AmpChoice {
 /// through the trial runner (so the workload is left as it was).
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
                      int64_t batch_size);
+
+/// `choose_amp`'s measurement on the CPU over any trial subject (the Python
+/// package's model): alternating rounds of steps at `batch_size` through
+/// `fp32` (a runner whose subject steps without autocast) and `bf16` (one
+/// whose subject steps under bf16 autocast), each side's fastest step.
+AmpChoice measure_cpu_amp(TrialRunner& fp32, TrialRunner& bf16, int64_t batch_size);
 
 /// The pure decision behind `choose_amp` on the CPU, from measured step
 /// times (ms); a bf16 step that did not fit is passed as nullopt.

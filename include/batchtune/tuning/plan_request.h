@@ -36,6 +36,10 @@ struct PlanRequest {
   std::optional<double> lr;
   /// Processes of the job: the plan's world size.
   int64_t world_size = 1;
+  /// The optimizer's kind (`adam`, `adamw`, `sgd`: its default lr scaling)
+  /// for a tune over a trial subject without a `Workload` (the Python
+  /// package's); a workload's plan takes the workload's own.
+  std::optional<std::string> optimizer;
 };
 
 /// Checks the request's values for range; throws `batchtune::Error` naming

@@ -1,0 +1,303 @@
+// batchtune._core.tune: the library's pipeline (`batchtune::tune` over a
+// `TrialRunner`) for the Python package — the same search, sweep, choice,
+// plan, time budget, monitor and reports as `batchtune tune`, with Python
+// supplying the subject (trial_subject.cpp), the process group (a
+// `Communicator` over torch.distributed) and, optionally, a reporter.
+#include "tune_binding.h"
+
+#include <pybind11/iostream.h>
+#include <pybind11/stl.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <fmt/format.h>
+
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "batchtune/common/atomic_file.h"
+#include "batchtune/common/error.h"
+#include "batchtune/distributed/data_parallel.h"
+#include "batchtune/distributed/distributed.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/monitor.h"
+#include "batchtune/monitoring/sampler.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/reports/tune_report.h"
+#include "batchtune/step/amp.h"
+#include "batchtune/step/trial.h"
+#include "batchtune/tuning/tune.h"
+#include "trial_subject.h"
+
+namespace py = pybind11;
+
+namespace batchtune::python {
+namespace {
+
+/// As `batchtune tune`'s monitor: fast enough for short sweep trials.
+constexpr double kTuneMonitorIntervalMs = 50;
+/// What the CPU's loader note says from Python: there is no data set to time.
+constexpr const char* kPythonLoaderNote =
+    "loader tuning skipped: from Python the data are make_batch's";
+
+/// A `TuneReporter` whose methods may be Python's (a subclass of
+/// `_core.TuneReporter`). A KeyboardInterrupt in one of them asks the tune to
+/// stop at its next check, as one inside a trial does.
+class PyTuneReporter : public TuneReporter {
+ public:
+  using TuneReporter::TuneReporter;
+
+  void phase_started(TunePhase phase, const std::string& what) override {
+    call("phase_started", to_string(phase), what);
+  }
+  void trial_started(TunePhase phase, int64_t batch_size) override {
+    call("trial_started", to_string(phase), batch_size);
+  }
+  void trial_finished(TunePhase phase, const TrialResult& trial, size_t index) override {
+    // Copies: Python may keep what it is given beyond the call.
+    py::gil_scoped_acquire gil;
+    call("trial_finished", to_string(phase), py::cast(TrialResult(trial)), index);
+  }
+  void phase_finished(TunePhase phase, const TuneResult& result) override {
+    py::gil_scoped_acquire gil;
+    call("phase_finished", to_string(phase), py::cast(TuneResult(result)));
+  }
+  void finished(const TuneResult& result) override {
+    py::gil_scoped_acquire gil;
+    call("finished", py::cast(TuneResult(result)));
+  }
+
+ private:
+  template <typename... Args>
+  void call(const char* name, Args&&... args) {
+    py::gil_scoped_acquire gil;
+    py::function method = py::get_override(static_cast<const TuneReporter*>(this), name);
+    if (!method) return;
+    try {
+      method(std::forward<Args>(args)...);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_KeyboardInterrupt)) throw;
+      note_keyboard_interrupt();
+    }
+  }
+};
+
+/// A `Communicator` whose collectives are Python's: the package's
+/// `TorchCommunicator` runs them on the user's own torch.distributed group
+/// (no second rendezvous). Tensors are passed as they are and changed in
+/// place, as the C++ collectives change them.
+class PyCommunicator : public Communicator {
+ public:
+  using Communicator::Communicator;
+
+  int64_t rank() const override { return call("rank").cast<int64_t>(); }
+  int64_t world_size() const override { return call("world_size").cast<int64_t>(); }
+  std::string backend() const override { return call("backend").cast<std::string>(); }
+  c10::Device device() const override {
+    return c10::Device(call("device").cast<std::string>());
+  }
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    const char* name = op == ReduceOp::kSum ? "sum" : op == ReduceOp::kMax ? "max" : "min";
+    call("all_reduce", tensor, std::string(name));
+  }
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(at::Tensor& tensor) override {
+    all_reduce(tensor, ReduceOp::kSum);  // done when it returns
+    struct Done : PendingCollective {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
+  void broadcast(std::vector<at::Tensor>& tensors, int64_t root) override {
+    call("broadcast", tensors, root);
+  }
+  void report_failure(const std::string& message) override {
+    py::gil_scoped_acquire gil;
+    if (py::function f = py::get_override(static_cast<const Communicator*>(this), "report_failure")) {
+      f(message);
+    }
+  }
+
+ private:
+  template <typename... Args>
+  py::object call(const char* name, Args&&... args) const {
+    py::gil_scoped_acquire gil;
+    py::function method = py::get_override(static_cast<const Communicator*>(this), name);
+    if (!method) throw Error(std::string("Communicator: the Python communicator has no ") + name);
+    return method(std::forward<Args>(args)...);
+  }
+};
+
+/// Asked before every trial: a KeyboardInterrupt caught in a trial or a
+/// reporter, or a Ctrl-C whose Python handler has not run yet (the tune is
+/// in C++ between two Python calls).
+std::optional<std::string> python_stop() {
+  if (keyboard_interrupt_noted()) return std::string(kKeyboardInterrupt);
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) {
+    if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) throw py::error_already_set();
+    PyErr_Clear();
+    note_keyboard_interrupt();
+    return std::string(kKeyboardInterrupt);
+  }
+  return std::nullopt;
+}
+
+/// `sweep=False` from Python: the search alone, then the plan at the largest
+/// batch that fits (`batchtune tune --search-only` makes no plan).
+void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel& data_parallel,
+                         const DeviceMemory& memory) {
+  r.search_only = false;
+  if (!r.complete || r.search.max_batch_size < 1) return;
+  r.selection = {r.search.max_batch_size, "the largest batch that fits (no sweep)"};
+  const PlanRequest& request = options.plan();
+  std::string micro_reason =
+      fmt::format("micro-batch {}: {}", r.selection.batch_size, r.selection.reason);
+  if (r.rank_max_batch_size && *r.rank_max_batch_size != r.search.max_batch_size) {
+    micro_reason += fmt::format("; the largest batch is {} on this rank, {} on the smallest",
+                                *r.rank_max_batch_size, r.search.max_batch_size);
+  }
+  PlanOptions o;
+  o.micro_batch_size(r.selection.batch_size)
+      .world_size(data_parallel.world_size())
+      .target_batch(request.target_batch.value_or(0))
+      .base_lr(request.base_lr.value_or(1e-3))
+      .base_batch(request.base_batch.value_or(0))
+      .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
+      .warmup_steps(request.warmup_steps.value_or(-1))
+      .amp(r.amp)
+      .amp_reason(r.amp_reason)
+      .pin_memory(memory.device().is_cuda());
+  if (request.optimizer) o.optimizer(*request.optimizer);
+  Plan plan = make_plan(o);
+  plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  r.plan = data_parallel.agree_plan(plan);
+}
+
+TuneResult run_tune(TrialRunner& runner, TuneOptions options, TuneReporter* reporter,
+                    Communicator* communicator, bool verbose, const std::string& report,
+                    const std::string& amp_reason, bool sweep) {
+  options.margin(runner.margin()).search_only(!sweep);
+  validate(options);  // bad input before anything is printed
+  clear_keyboard_interrupt();
+  options.stop(python_stop);
+  DataParallel data_parallel(communicator);
+  options.data_parallel(&data_parallel);
+  const bool primary = data_parallel.rank() == 0;
+  Monitor monitor(make_sampler(runner.memory().device()),
+                  MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
+  options.monitor(&monitor);
+
+  TuneReporters reporters;
+  // The CLI's console output, into Python's sys.stderr (pytest captures it).
+  std::optional<py::scoped_estream_redirect> to_python_stderr;
+  std::optional<ConsoleTuneReporter> console;
+  if (verbose && primary) {
+    to_python_stderr.emplace();
+    console.emplace(std::cerr);
+    reporters.add(&*console);
+  }
+  if (reporter != nullptr) reporters.add(reporter);
+
+  TuneResult r = tune(runner, options, &reporters);
+
+  r.threads = at::get_num_threads();
+  if (!amp_reason.empty()) {
+    r.amp_reason = amp_reason;
+    if (r.plan) r.plan->set_reason(PlanField::kAmp, amp_reason);
+  }
+  if (!r.complete && keyboard_interrupt_noted()) {
+    // Caught inside a trial (batchtune::Interrupted): name it as Python does.
+    r.interrupted_by = kKeyboardInterrupt;
+    if (r.search.stop_reason == "interrupted by ") r.search.stop_reason += kKeyboardInterrupt;
+  }
+  if (r.loader.rows.empty() && !r.loader.choice) r.loader.note = kPythonLoaderNote;
+  if (!sweep) plan_at_the_maximum(r, options, data_parallel, runner.memory());
+  if (r.plan && r.selection.batch_size != r.plan->micro_batch_size) {
+    // Data parallel: every rank swept its own device; the job trains rank 0's choice.
+    r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
+                                      r.plan->micro_batch_size, r.selection.batch_size);
+    r.selection.batch_size = r.plan->micro_batch_size;
+  }
+  if (!report.empty() && primary && (!r.sweep.empty() || !r.complete)) {
+    write_file_atomically(report, html_report(r));
+  }
+  return r;
+}
+
+}  // namespace
+
+void bind_tune(py::module_& m) {
+  py::class_<TuneOptions>(m, "TuneOptions",
+                          "How a tune runs (the C++ TuneOptions; the package's tune() fills it).")
+      .def(py::init([](const std::string& strategy, int64_t max_batch, double search_tolerance,
+                       double time_budget_s, const std::string& objective, double tolerance,
+                       std::optional<int64_t> target_batch, std::optional<double> base_lr,
+                       std::optional<int64_t> base_batch, std::optional<std::string> lr_scaling,
+                       std::optional<int64_t> warmup_steps, std::optional<std::string> optimizer,
+                       const std::string& command_line) {
+             PlanRequest request;
+             request.target_batch = target_batch;
+             request.base_lr = base_lr;
+             request.base_batch = base_batch;
+             if (lr_scaling) request.lr_scaling = parse_lr_scaling(*lr_scaling, "lr_scaling");
+             request.warmup_steps = warmup_steps;
+             request.optimizer = optimizer;
+             return TuneOptions()
+                 .search(SearchOptions()
+                             .strategy(parse_search_strategy(strategy))
+                             .max_batch(max_batch)
+                             .tolerance(search_tolerance))
+                 .time_budget_s(time_budget_s)
+                 .objective(parse_objective(objective))
+                 .tolerance(tolerance)
+                 .plan(request)
+                 .command_line(command_line);
+           }),
+           py::arg("strategy") = "predict", py::arg("max_batch") = kDefaultMaxBatch,
+           py::arg("search_tolerance") = kDefaultSearchTolerance,
+           py::arg("time_budget_s") = kDefaultTimeBudgetSeconds,
+           py::arg("objective") = "throughput", py::arg("tolerance") = kDefaultThroughputTolerance,
+           py::arg("target_batch") = py::none(), py::arg("base_lr") = py::none(),
+           py::arg("base_batch") = py::none(), py::arg("lr_scaling") = py::none(),
+           py::arg("warmup_steps") = py::none(), py::arg("optimizer") = py::none(),
+           py::arg("command_line") = "")
+      .def_property_readonly("time_budget_s", [](const TuneOptions& o) { return o.time_budget_s(); })
+      .def_property_readonly("max_batch", [](const TuneOptions& o) { return o.search().max_batch(); })
+      .def("validate", [](const TuneOptions& o) { validate(o); });
+
+  py::class_<TuneReporter, PyTuneReporter>(
+      m, "TuneReporter",
+      "What a tune reports as it goes; subclass and override phase_started(phase, what), "
+      "trial_started(phase, batch_size), trial_finished(phase, trial, index), "
+      "phase_finished(phase, result), finished(result). Phases: precision, search, sweep, "
+      "noise, loader, plan.")
+      .def(py::init<>());
+
+  py::class_<Communicator, PyCommunicator>(
+      m, "Communicator",
+      "The collectives of a process group, from Python: rank(), world_size(), backend(), "
+      "device() (a device string), all_reduce(tensor, op) (op sum, max or min; in place), "
+      "broadcast(tensors, root) (in place), report_failure(message).")
+      .def(py::init<>());
+
+  m.def("tune", &run_tune, py::arg("runner"), py::arg("options"), py::arg("reporter") = nullptr,
+        py::arg("communicator") = nullptr, py::arg("verbose") = false, py::arg("report") = "",
+        py::arg("amp_reason") = "", py::arg("sweep") = true,
+        "batchtune::tune over `runner`: search, sweep, choice, plan under one time budget, with "
+        "the utilization monitor; the result as `TuneReport`. A KeyboardInterrupt in a trial "
+        "ends it with what was measured (complete False).");
+
+  m.def(
+      "measure_cpu_amp",
+      [](TrialRunner& fp32, TrialRunner& bf16, int64_t batch_size) {
+        const AmpChoice choice = measure_cpu_amp(fp32, bf16, batch_size);
+        return py::make_tuple(amp_name(choice.mode), choice.reason);
+      },
+      py::arg("fp32"), py::arg("bf16"), py::arg("batch_size"),
+      "amp auto on the CPU: alternating fp32 and bf16 trials; (mode, reason).");
+  m.attr("AMP_PROBE_MAX_BATCH") = kAmpProbeMaxBatch;
+}
+
+}  // namespace batchtune::python
