@@ -1,6 +1,6 @@
 """The README's "With Lightning" and "With the Hugging Face Trainer" examples
-run as written on a CPU. Opt in (BATCHTUNE_README_TESTS=1): each runs the
-full search and sweep, about a minute on a loaded 2-core machine."""
+run as written on a CPU: each runs the full search and sweep, about a minute
+on a loaded 2-core machine."""
 import os
 import re
 import subprocess
@@ -21,8 +21,6 @@ def example(heading: str) -> str:
     return blocks[0]
 
 
-@pytest.mark.skipif(os.environ.get("BATCHTUNE_README_TESTS") != "1",
-                    reason="slow: set BATCHTUNE_README_TESTS=1")
 @pytest.mark.parametrize("heading,package", [("With Lightning", "lightning"),
                                              ("With the Hugging Face Trainer", "transformers")])
 def test_readme_example_runs_as_written(heading, package, tmp_path):
