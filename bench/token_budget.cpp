@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
   fmt::print("largest fixed batch at {} tokens: {} ({})\n", kRange.max, search.max_batch_size,
              search.stop_reason);
   const TokenBudgetResult planned = plan_token_budget(
-      trial, search.trials, search.max_batch_size, kRange, memory->usable_bytes(), 8192);
+      trial, search.trials, search.max_batch_size, kRange,
+      memory->usable_bytes() - parameter_bytes(workload.model()), 8192);
   fmt::print("{}\n", planned.reason);
 
   Plan plan;
@@ -84,14 +85,15 @@ int main(int argc, char** argv) {
   plan.micro_batch_size = search.max_batch_size;
   plan.lr = 1e-3;
 
-  const TokenTrainOptions common = TokenTrainOptions().epochs(epochs).seed(1);
+  // One micro-batch per optimizer step in both, so the steps differ only in
+  // how their micro-batches are made.
+  const TokenTrainOptions common = TokenTrainOptions().epochs(epochs).seed(1).target_tokens(1);
   const TrainSummary by_tokens = train_by_tokens(workload, *memory, plan, text, common);
   const TrainSummary fixed =
       train_by_tokens(workload, *memory, plan, text,
                       TokenTrainOptions(common)
                           .fixed_batch_size(search.max_batch_size)
-                          .pad_to(kRange.max)
-                          .target_tokens(1));  // one micro-batch per optimizer step
+                          .pad_to(kRange.max));
 
   fmt::print("\n| batching | micro-batch | optimizer steps | padding | tokens/s | samples/s | "
              "out-of-memory | seconds |\n|---|---|---:|---:|---:|---:|---:|---:|\n");

@@ -239,8 +239,8 @@ TokenBudgetResult plan_token_budget(const LengthTrial& trial,
   // The budget, verified at the extremes: the shortest bucket (the most
   // samples) and the longest (the largest per-sample activations).
   const std::vector<int64_t> bounds = length_bucket_bounds(range);
-  int64_t budget = std::max(result.model.token_budget(range.max, usable_bytes),
-                            max_batch_at_longest * range.max);
+  // At least one sample of the longest length (else nothing could train).
+  int64_t budget = std::max(result.model.token_budget(range.max, usable_bytes), range.max);
   std::string shrunk;
   for (int64_t round = 0; round < kMaxTokenBudgetRounds; ++round) {
     result.buckets = buckets_for_budget(result.model, budget, bounds, usable_bytes, max_batch,
@@ -256,13 +256,16 @@ TokenBudgetResult plan_token_budget(const LengthTrial& trial,
       const auto searched = std::find_if(fits.begin(), fits.end(), [&](const TrialResult& t) {
         return t.batch_size == check.batch_size;
       });
-      if (bucket == &result.buckets.back() && searched != fits.end()) {
+      // A check fits within `usable_bytes`, which may be less than the
+      // trials' own usable memory (room kept for accumulated gradients).
+      if (bucket == &result.buckets.back() && searched != fits.end() &&
+          searched->peak_bytes <= usable_bytes) {
         check.measured_bytes = searched->peak_bytes;
         check.fits = true;
       } else {
         const TrialResult t = run(check.batch_size, check.length);
         check.measured_bytes = t.peak_bytes;
-        check.fits = t.fits;
+        check.fits = t.fits && t.peak_bytes <= usable_bytes;
       }
       result.checks.push_back(check);
       if (check.fits) continue;

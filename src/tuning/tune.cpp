@@ -298,6 +298,10 @@ class Pipeline {
         fmt::format("lengths {}..{}: peak memory against batch x length, for a token budget",
                     range->min, range->max));
     size_t index = 0;
+    // A trial measures one micro-batch from no gradients; accumulating a
+    // step's micro-batches holds the gradients of those before (one copy
+    // of the parameters), so the budget is planned without them.
+    const int64_t gradient_reserve = parameter_bytes(workload_->model());
     result_.tokens = plan_token_budget(
         [&](int64_t batch, int64_t length) {
           TrialResult t = trial(TunePhase::kLengths, TrialOptions()
@@ -308,8 +312,11 @@ class Pipeline {
           reporter_.trial_finished(TunePhase::kLengths, t, index++);
           return t;
         },
-        result_.search.trials, result_.search.max_batch_size, *range, runner_.memory().usable_bytes(),
-        options_.search().max_batch());
+        result_.search.trials, result_.search.max_batch_size, *range,
+        runner_.memory().usable_bytes() - gradient_reserve, options_.search().max_batch());
+    result_.tokens->reason += fmt::format(
+        "; {} kept free for the gradients held while micro-batches accumulate",
+        format_bytes(gradient_reserve));
     end_phase(TunePhase::kLengths);
   }
 
