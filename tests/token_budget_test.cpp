@@ -11,6 +11,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/plan/plan.h"
+#include "batchtune/reports/tune_report.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/workload.h"
 #include "batchtune/tuning/search.h"
@@ -240,6 +241,17 @@ TEST(TokenBudget, ARangeSpecTuneMeasuresAtTheLongestLengthAndPlansTheBudget) {
   for (const auto& row : r.sweep) {
     EXPECT_NEAR(row.tokens_per_s, row.samples_per_s * 128, 1e-6 * row.tokens_per_s);
   }
+  // The reports: JSON `tokens` and `tokens_per_s`, the page's length phase and tokens/s column.
+  const nlohmann::json json = to_json(r);
+  ASSERT_TRUE(json.contains("tokens"));
+  EXPECT_EQ(json["tokens"]["token_budget"], r.plan->token_budget);
+  EXPECT_EQ(json["plan"]["token_budget"], r.plan->token_budget);
+  ASSERT_FALSE(json["sweep"].empty());
+  EXPECT_GT(json["sweep"][0]["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(json["trials"][0]["sequence_length"], 128);
+  const std::string page = html_report(r);
+  EXPECT_NE(page.find("<th>tokens/s</th>"), std::string::npos);
+  EXPECT_NE(page.find("Lengths 16..128: token budget"), std::string::npos);
 }
 
 }  // namespace

@@ -201,20 +201,23 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
     std::ofstream out(dir + "/doc.txt");
     for (int p = 0; p < 200; ++p) out << std::string(17 + (p * 37) % 48, static_cast<char>('a' + p % 26)) << "\n\n";
   }
+  // No --input: both read the range from the data, 16..63 tokens.
   const std::string gpt =
-      " --model gpt --layers 1 --heads 2 --width 32 --input int64:16..64 --device cpu --amp off "
+      " --data text:" + dir + " --layers 1 --heads 2 --width 32 --device cpu --amp off "
       "--memory-limit 16MiB";
   const std::string plan = ::testing::TempDir() + "batchtune_cli_token_plan.json";  // not in the text
   const auto tuned = run_cli("tune" + gpt + " --time-budget 4 --json " + plan);
   ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_NE(tuned.output.find("lengths from the data: --input int64:16..63"), std::string::npos)
+      << tuned.output;
   EXPECT_NE(tuned.output.find("token budget"), std::string::npos) << tuned.output;
   std::ifstream in(plan);
   const auto tune_json = nlohmann::json::parse(in);
   ASSERT_TRUE(tune_json["plan"].contains("token_budget")) << tune_json.dump();
-  EXPECT_EQ(tune_json["plan"]["length_buckets"].size(), 3U);  // 16, 32, 64
+  EXPECT_EQ(tune_json["plan"]["length_buckets"].size(), 3U);  // 16, 32, 63
   const auto checked = run_cli("plan --plan " + plan);
   EXPECT_NE(checked.output.find("token budget:"), std::string::npos) << checked.output;
-  const auto trained = run_cli("train --data text:" + dir + " --plan " + plan + gpt + " --json -");
+  const auto trained = run_cli("train --plan " + plan + gpt + " --json -");
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const auto j = nlohmann::json::parse(trained.output.substr(trained.output.find("\n{") + 1));
   EXPECT_EQ(j["oom_recoveries"], 0);

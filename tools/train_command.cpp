@@ -35,7 +35,8 @@ constexpr double kProgressIntervalS = 0.25;
 /// and epochs × steps per epoch stays inside int64.
 constexpr int64_t kMaxEpochs = 1000000;
 
-/// `--data text:DIR` without `--input`: paragraphs of 16 to 512 byte tokens.
+/// `--data text:DIR` without `--input`: paragraphs of 16 to 512 byte tokens,
+/// the range being the data's own within those bounds.
 constexpr const char* kTextDefaultInput = "int64:16..512";
 
 struct TrainFlags {
@@ -63,8 +64,13 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
     throw Error("--data text: trains without checkpoints for now; leave out --checkpoint");
   }
   if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
+  const std::string dir = flags.data.data.substr(std::string("text:").size());
   if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
-    workload_flags.inputs = {kTextDefaultInput};
+    // The lengths of the data themselves, as `tune --data text:DIR` reads them.
+    const LengthRange lengths = TextDataset(dir, {16, 512}).length_range();
+    workload_flags.inputs = {lengths.min < lengths.max
+                                 ? fmt::format("int64:{}..{}", lengths.min, lengths.max)
+                                 : std::string(kTextDefaultInput)};
   }
   const InputSpec spec = input_spec_from_flags(workload_flags);
   const auto range = length_range(spec);
@@ -78,7 +84,6 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                             kByteVocab, spec.inputs.front().vocab));
   }
   std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
-  const std::string dir = flags.data.data.substr(std::string("text:").size());
   const TextDataset text(dir, *range);
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   out << fmt::format("{} on {}, {} thread(s); data: {}\n", resolved.workload->model().describe(),
