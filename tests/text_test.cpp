@@ -159,6 +159,7 @@ TEST(TokenTrainer, AnEpochOverLengths16To512UnderASmallBudgetRunsWithoutOutOfMem
   EXPECT_EQ(s.oom_recoveries, 0);
   EXPECT_EQ(oom_events, 0);
   EXPECT_EQ(s.samples, text.size()) << "the whole epoch";
+  EXPECT_DOUBLE_EQ(s.epochs, 1.0);
   int64_t tokens = 0;
   for (int64_t l : text.lengths()) tokens += l;
   EXPECT_EQ(s.tokens, tokens);

@@ -196,7 +196,10 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
         steps_since_log = 0;
       }
     }
-    summary.epochs = static_cast<double>(epoch + 1);
+    // Whole epochs, and the share of the last one that ran.
+    summary.epochs = static_cast<double>(epoch) +
+                     (micro.empty() ? 1.0
+                                    : static_cast<double>(next) / static_cast<double>(micro.size()));
     if (options.steps() > 0 && summary.steps >= options.steps()) break;
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
