@@ -140,3 +140,88 @@ TEST(InputSpec, BadJsonNamesTheFileAndTheField) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(InputSpec, ALengthRangeHoldsTheLongestAndTheShortest) {
+  const auto spec = parse_input_flags(InputFlags().inputs({"int64:16..512"}).vocab(256));
+  ASSERT_EQ(spec.inputs.size(), 1u);
+  EXPECT_EQ(spec.inputs[0].shape, (std::vector<int64_t>{512}));
+  EXPECT_EQ(spec.inputs[0].min_length, 16);
+  EXPECT_EQ(spec.target.shape, (std::vector<int64_t>{512})) << "targets at the longest";
+  const auto range = length_range(spec);
+  ASSERT_TRUE(range.has_value());
+  EXPECT_EQ(range->min, 16);
+  EXPECT_EQ(range->max, 512);
+  EXPECT_EQ(sequence_length(spec), 512);
+  EXPECT_NE(describe(spec).find("int64[16..512]"), std::string::npos) << describe(spec);
+
+  const auto shortest = at_length(spec, 16);
+  EXPECT_EQ(shortest.inputs[0].shape, (std::vector<int64_t>{16}));
+  EXPECT_EQ(shortest.target.shape, (std::vector<int64_t>{16}));
+  EXPECT_FALSE(length_range(shortest).has_value());
+  EXPECT_NE(error_of([&] { at_length(spec, 600); }).find("outside"), std::string::npos);
+
+  // Features per frame after the range; a range of one length is fixed.
+  const auto speech = parse_input_flags(InputFlags().inputs({"8..100x80"}).classes(10));
+  EXPECT_EQ(speech.inputs[0].shape, (std::vector<int64_t>{100, 80}));
+  EXPECT_EQ(speech.inputs[0].min_length, 8);
+  EXPECT_FALSE(length_range(parse_input_flags(InputFlags().inputs({"int64:64..64"}).vocab(256))));
+  // A fixed token spec is a sequence too (tokens/s), with no range.
+  EXPECT_EQ(sequence_length(token_spec(128, 256)), 128);
+  EXPECT_EQ(sequence_length(classification_spec({3, 32, 32}, 10)), 0);
+}
+
+TEST(InputSpec, BadLengthRangesSayHowToWriteOne) {
+  const struct {
+    const char* input;
+    const char* expected;
+  } cases[] = {
+      {"int64:512..16", "runs backwards; write the shortest length first, like int64:16..512"},
+      {"int64:0..512", "starts below 1"},
+      {"int64:16..", "write MIN..MAX"},
+      {"int64:..512", "write MIN..MAX"},
+      {"int64:a..512", "write MIN..MAX"},
+      {"int64:16...512", "write MIN..MAX"},
+      {"4x16..512", "only the first dimension"},
+  };
+  for (const auto& c : cases) {
+    const std::string message =
+        error_of([&] { parse_input_flags(InputFlags().inputs({c.input}).vocab(256)); });
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.input << ": " << message;
+    EXPECT_EQ(message.rfind("--input", 0), 0u) << c.input << ": " << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+  }
+}
+
+TEST(InputSpec, JsonSpecTakesALengthRangeAsTheFirstDimension) {
+  const auto spec = parse_input_spec_json(
+      R"({"inputs": [{"name": "tokens", "shape": ["16..512"], "dtype": "int64", "vocab": 256}],
+          "target": {"kind": "token"}})",
+      "spec.json");
+  EXPECT_EQ(spec.inputs[0].shape, (std::vector<int64_t>{512}));
+  EXPECT_EQ(spec.inputs[0].min_length, 16);
+  EXPECT_EQ(spec.target.shape, (std::vector<int64_t>{512}));
+  const std::string backwards = error_of([] {
+    parse_input_spec_json(R"({"inputs": [{"shape": ["512..16"], "dtype": "int64", "vocab": 9}],
+                              "target": "token"})",
+                          "spec.json");
+  });
+  EXPECT_NE(backwards.find("spec.json: inputs[0].shape"), std::string::npos) << backwards;
+  EXPECT_NE(backwards.find("runs backwards"), std::string::npos) << backwards;
+  const std::string not_a_range = error_of([] {
+    parse_input_spec_json(R"({"inputs": [{"shape": ["512"], "dtype": "int64", "vocab": 9}],
+                              "target": "token"})",
+                          "spec.json");
+  });
+  EXPECT_NE(not_a_range.find("length range MIN..MAX"), std::string::npos) << not_a_range;
+  const std::string two_ranges = error_of([] {
+    parse_input_spec_json(
+        R"({"inputs": [{"name": "a", "shape": ["16..512"], "dtype": "int64", "vocab": 9},
+                       {"name": "b", "shape": ["8..512"]}], "target": "token"})",
+        "spec.json");
+  });
+  EXPECT_NE(two_ranges.find("different length ranges"), std::string::npos) << two_ranges;
+}
+
+}  // namespace

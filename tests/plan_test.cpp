@@ -165,5 +165,46 @@ TEST(Plan, BadPlanFilesNameTheFileAndTheField) {
   }
 }
 
+TEST(Plan, ATokenBudgetAndItsBucketsRoundTripAndAreChecked) {
+  Plan plan = make_plan(PlanOptions().micro_batch_size(4));
+  EXPECT_FALSE(to_json(plan).contains("token_budget")) << "only a plan for sequences has one";
+  plan.token_budget = 2048;
+  plan.length_buckets = {{16, 128}, {32, 64}, {512, 4}};
+  const nlohmann::json json = to_json(plan);
+  EXPECT_EQ(json["token_budget"], 2048);
+  EXPECT_EQ(json["length_buckets"][2]["max_length"], 512);
+  EXPECT_EQ(json["length_buckets"][2]["micro_batch_size"], 4);
+  const Plan back = plan_from_json(nlohmann::json::parse(json.dump()), "test");
+  EXPECT_EQ(back.token_budget, 2048);
+  ASSERT_EQ(back.length_buckets.size(), 3u);
+  EXPECT_EQ(back.length_buckets[1].max_length, 32);
+  EXPECT_EQ(to_json(back), json);
+
+  auto with = [&](const char* field, const nlohmann::json& value) {
+    nlohmann::json j = json;
+    j[field] = value;
+    return j;
+  };
+  nlohmann::json no_buckets = json;
+  no_buckets.erase("length_buckets");
+  EXPECT_NE(plan_file_error(no_buckets).find("'length_buckets': missing"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("token_budget", 0)).find("'token_budget'"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("length_buckets", 3)).find("'length_buckets'"),
+            std::string::npos);
+  EXPECT_NE(plan_file_error(with("length_buckets", nlohmann::json::array()))
+                .find("at least one length bucket"),
+            std::string::npos);
+  const std::string falling = plan_file_error(with(
+      "length_buckets", {{{"max_length", 64}, {"micro_batch_size", 4}},
+                         {{"max_length", 32}, {"micro_batch_size", 4}}}));
+  EXPECT_NE(falling.find("above the bucket before"), std::string::npos) << falling;
+  const std::string over = plan_file_error(
+      with("length_buckets", {{{"max_length", 512}, {"micro_batch_size", 5}}}));
+  EXPECT_NE(over.find("pass the token_budget 2048"), std::string::npos) << over;
+  const std::string missing = plan_file_error(
+      with("length_buckets", {{{"max_length", 512}}}));
+  EXPECT_NE(missing.find("'micro_batch_size': missing"), std::string::npos) << missing;
+}
+
 }  // namespace
 }  // namespace batchtune

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include "cli_runner.h"
 
@@ -46,6 +48,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --base-lr -1",
                       "--base-lr"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --epochs 0", "--epochs"},
+        BadTrainInput{"train --data text:/nonexistent/text --memory-limit 16MiB", "--data text:"},
+        BadTrainInput{"train --data text:/tmp --input int64:64..16", "runs backwards"},
+        BadTrainInput{"train --model mlp --input 1x8x8 --batch-size 8 --target-tokens 64",
+                      "--target-tokens"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --log-every -1",
                       "--log-every"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --resume", "--resume"},
@@ -80,10 +86,12 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
                           "oom_recoveries", "micro_batch_size", "accumulation_steps",
                           "global_batch_size", "world_size", "seconds", "samples_per_s",
                           "noise_scale", "complete", "interrupted_by", "skipped_samples",
-                          "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale"}) {
+                          "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale",
+                          "tokens_per_s"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 20U);
+  EXPECT_EQ(json.size(), 21U);
+  EXPECT_TRUE(json["tokens_per_s"].is_null()) << "images have no tokens";
   EXPECT_EQ(json["skipped_steps"], 0);
   EXPECT_TRUE(json["loss_scale"].is_null()) << "no loss scaler without fp16";
   EXPECT_EQ(json["complete"], true);
@@ -183,6 +191,42 @@ TEST(TrainCli, LoaderThreadsThatCannotStartAreAnErrorNotACrash) {
     }
   }
   EXPECT_TRUE(hit) << "no limit tried left too little room for the threads";
+}
+
+TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory) {
+  // A folder of paragraphs of 16 to 64 bytes.
+  std::string dir = "/tmp/batchtune-cli-text-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  {
+    std::ofstream out(dir + "/doc.txt");
+    for (int p = 0; p < 200; ++p) out << std::string(17 + (p * 37) % 48, static_cast<char>('a' + p % 26)) << "\n\n";
+  }
+  // No --input: both read the range from the data, 16..63 tokens.
+  const std::string gpt =
+      " --data text:" + dir + " --layers 1 --heads 2 --width 32 --device cpu --amp off "
+      "--memory-limit 16MiB";
+  const std::string plan = ::testing::TempDir() + "batchtune_cli_token_plan.json";  // not in the text
+  const auto tuned = run_cli("tune" + gpt + " --time-budget 4 --json " + plan);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_NE(tuned.output.find("lengths from the data: --input int64:16..63"), std::string::npos)
+      << tuned.output;
+  EXPECT_NE(tuned.output.find("token budget"), std::string::npos) << tuned.output;
+  std::ifstream in(plan);
+  const auto tune_json = nlohmann::json::parse(in);
+  ASSERT_TRUE(tune_json["plan"].contains("token_budget")) << tune_json.dump();
+  EXPECT_EQ(tune_json["plan"]["length_buckets"].size(), 3U);  // 16, 32, 63
+  const auto checked = run_cli("plan --plan " + plan);
+  EXPECT_NE(checked.output.find("token budget:"), std::string::npos) << checked.output;
+  const auto trained = run_cli("train --plan " + plan + gpt + " --json -");
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto j = nlohmann::json::parse(trained.output.substr(trained.output.find("\n{") + 1));
+  EXPECT_EQ(j["oom_recoveries"], 0);
+  EXPECT_EQ(j["samples"], 200);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["token_budget"], tune_json["plan"]["token_budget"]);
+  EXPECT_LE(j["padded_tokens"].get<int64_t>(), j["steps"].get<int64_t>() * 2 *
+                                                   j["token_budget"].get<int64_t>());
+  if (std::system(("rm -rf '" + dir + "'").c_str()) != 0) ADD_FAILURE() << "rm -rf " << dir;
 }
 
 }  // namespace

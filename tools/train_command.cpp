@@ -10,6 +10,8 @@
 #include "batchtune/common/shape.h"
 #include "batchtune/reports/train_reporter.h"
 #include "batchtune/training/trainer.h"
+#include "batchtune/training/token_trainer.h"
+#include "batchtune/data/text.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/reports/tune_report.h"
@@ -33,6 +35,10 @@ constexpr double kProgressIntervalS = 0.25;
 /// and epochs × steps per epoch stays inside int64.
 constexpr int64_t kMaxEpochs = 1000000;
 
+/// `--data text:DIR` without `--input`: paragraphs of 16 to 512 byte tokens,
+/// the range being the data's own within those bounds.
+constexpr const char* kTextDefaultInput = "int64:16..512";
+
 struct TrainFlags {
   WorkloadFlags workload;
   PlanFlags plan;
@@ -43,11 +49,90 @@ struct TrainFlags {
   int64_t log_every = 100;
   std::string checkpoint;
   int64_t checkpoint_every = 0;
+  int64_t target_tokens = 0;
   bool resume = false;
   bool memory_summary = false;
   bool no_noise_scale = false;
   std::string json;
 };
+
+/// `--data text:DIR`: byte tokens by the plan's token budget (or, with
+/// `--batch-size`, fixed batches padded to the longest sequence).
+int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
+                   const PlanRequest& request) {
+  if (!flags.checkpoint.empty()) {
+    throw Error("--data text: trains without checkpoints for now; leave out --checkpoint");
+  }
+  if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
+  const std::string dir = flags.data.data.substr(std::string("text:").size());
+  if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
+    // The lengths of the data themselves, as `tune --data text:DIR` reads them.
+    const LengthRange lengths = TextDataset(dir, {16, 512}).length_range();
+    workload_flags.inputs = {lengths.min < lengths.max
+                                 ? fmt::format("int64:{}..{}", lengths.min, lengths.max)
+                                 : std::string(kTextDefaultInput)};
+  }
+  const InputSpec spec = input_spec_from_flags(workload_flags);
+  const auto range = length_range(spec);
+  if (!range || spec.inputs.size() != 1 || spec.inputs.front().dtype != c10::kLong) {
+    throw Error(fmt::format("--input: text trains on one token input with a length range, like "
+                            "{}; got {}",
+                            kTextDefaultInput, describe(spec)));
+  }
+  if (spec.inputs.front().vocab != kByteVocab) {
+    throw Error(fmt::format("--vocab: text is byte tokens, so the vocabulary is {}; got {}",
+                            kByteVocab, spec.inputs.front().vocab));
+  }
+  std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
+  const TextDataset text(dir, *range);
+  ResolvedWorkload resolved = resolve_workload(workload_flags);
+  out << fmt::format("{} on {}, {} thread(s); data: {}\n", resolved.workload->model().describe(),
+                     resolved.memory->device().str(), resolved.threads, text.describe());
+  const bool fixed = request.micro_batch_size.has_value() && request.plan_file.empty();
+  if (!fixed && request.plan_file.empty()) {
+    out << "no --batch-size or --plan: a quick tune plans the token budget\n" << std::flush;
+  }
+  ConsoleTuneReporter console(out, ::isatty(STDERR_FILENO) != 0 ? &std::cerr : nullptr);
+  const Plan plan = resolve_plan(request, *resolved.workload, *resolved.memory, text.size(),
+                                 &console, nullptr, [] {
+                                   return interrupt_requested()
+                                              ? std::optional<std::string>(interrupt_name())
+                                              : std::nullopt;
+                                 });
+  print_plan(out, plan);
+  if (!fixed && plan.token_budget < 1) {
+    throw Error("--plan: this plan has no token_budget; make one with batchtune tune --input "
+                "int64:MIN..MAX, or give --batch-size for fixed batches");
+  }
+  if (fixed) {
+    out << fmt::format("fixed batches of {} padded to the longest sequence, {} tokens\n",
+                       plan.micro_batch_size, range->max);
+  }
+  TrainConsoleReporter reporter(out, false);
+  const TrainSummary summary = train_by_tokens(
+      *resolved.workload, *resolved.memory, plan, text,
+      TokenTrainOptions()
+          .epochs(flags.steps > 0 ? 1 : flags.epochs)
+          .steps(flags.steps)
+          .seed(flags.workload.seed)
+          .log_every(flags.log_every)
+          .target_tokens(flags.target_tokens)
+          .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
+          .pad_to(fixed ? range->max : 0),
+      [&](const TrainEvent& e) {
+        if (e.kind == TrainEvent::Kind::kLog) {
+          out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",
+                             e.step, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.message);
+        } else if (e.kind == TrainEvent::Kind::kOomRecovery) {
+          out << e.message << "\n";
+        }
+        out << std::flush;
+      });
+  reporter.summary(summary);
+  if (flags.memory_summary) out << resolved.memory->summary() << "\n";
+  if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));
+  return 0;
+}
 
 int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.epochs < 1 && flags.steps == 0) {
@@ -94,6 +179,16 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     }
   }
   const PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
+  if (flags.target_tokens < 0) {
+    throw Error(fmt::format("--target-tokens: must be at least 1, got {}", flags.target_tokens));
+  }
+  if (flags.data.data.rfind("text:", 0) == 0) {
+    InterruptHandler interrupts;
+    return run_train_text(flags, cmd, workload_flags, request);
+  }
+  if (flags.target_tokens > 0) {
+    throw Error("--target-tokens: only for token-budget training (--data text:DIR)");
+  }
   // Ctrl-C or SIGTERM stops after the current optimizer step (or trial of
   // the quick tune), with a checkpoint and a summary marked incomplete (a
   // second one ends at once).
@@ -213,6 +308,9 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--steps", flags->steps, "optimizer steps in all (instead of --epochs)");
   cmd->add_option("--log-every", flags->log_every, "a log line every N optimizer steps (0: none)")
       ->capture_default_str();
+  cmd->add_option("--target-tokens", flags->target_tokens,
+                  "--data text: real tokens per optimizer step, reached by accumulating "
+                  "micro-batches (default: the token budget)");
   cmd->add_option("--checkpoint", flags->checkpoint, "directory for checkpoint.pt");
   cmd->add_option("--checkpoint-every", flags->checkpoint_every,
                   "a checkpoint every N optimizer steps, and at the end");

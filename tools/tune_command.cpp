@@ -18,6 +18,7 @@
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/tuning/tune.h"
 #include "commands.h"
+#include "batchtune/data/text.h"
 #include "data_flags.h"
 #include "distributed_flags.h"
 #include "plan_flags.h"
@@ -111,7 +112,24 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   });
   WorkloadFlags workload_flags = flags.workload;
   const RankEnvironment env = place_rank(flags.distributed, workload_flags);
-  const DataSplits data = open_data(flags.data, workload_flags);
+  // Text: the token budget is planned over the data's own lengths (the
+  // paragraphs of 16 to 512 tokens that `train --data text:DIR` reads)
+  // unless --input gives a range; the trials stay synthetic.
+  const bool text = flags.data.data.rfind("text:", 0) == 0;
+  std::string text_note;
+  if (text) {
+    if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
+    if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
+      const TextDataset data(flags.data.data.substr(5), {16, 512});
+      const LengthRange lengths = data.length_range();
+      workload_flags.inputs = {lengths.min < lengths.max
+                                   ? fmt::format("int64:{}..{}", lengths.min, lengths.max)
+                                   : fmt::format("int64:{}", lengths.max)};
+      text_note = fmt::format("data: {}; lengths from the data: --input {}", data.describe(),
+                              workload_flags.inputs.front());
+    }
+  }
+  const DataSplits data = text ? DataSplits{} : open_data(flags.data, workload_flags);
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   // Data parallel: every rank probes its own device; rank 0 alone prints.
   Job job = join_job(flags.distributed, env, resolved.memory->device());
@@ -127,6 +145,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
              resolved.memory->device().str(), resolved.threads);
   if (env.distributed()) fmt::print(out, "rank 0 of {}\n", env.world_size);
   if (data.train && !data.train->synthetic()) fmt::print(out, "data: {}\n", data.train->describe());
+  if (!text_note.empty()) fmt::print(out, "{}\n", text_note);
   out << std::flush;
 
   // A progress line on a terminal only, overwritten in place.

@@ -1,4 +1,5 @@
 #include "batchtune/data/dataset.h"
+#include "batchtune/data/text.h"
 
 #include "batchtune/memory/budget_allocator.h"
 
@@ -139,8 +140,25 @@ DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& syn
                  .skip_bad_samples(options.skip_bad_samples()));
     return splits;
   }
+  if (name == "text") {
+    const std::string dir = spec.size() > name.size() ? spec.substr(name.size() + 1) : "";
+    if (dir.empty()) {
+      throw Error("--data text: give the directory, as text:DIR (each file a document)");
+    }
+    if (synthetic_shape.size() != 1) {
+      throw Error(fmt::format("--data text:{}: text is a sequence of byte tokens; give --input "
+                              "int64:MIN..MAX, like int64:16..512",
+                              dir));
+    }
+    splits.train = std::make_unique<TextDataset>(
+        dir, LengthRange{std::min(options.min_length(), synthetic_shape.front()),
+                         synthetic_shape.front()});
+    return splits;
+  }
   throw Error(fmt::format(
-      "--data: unknown data '{}'; use synthetic, fashion-mnist[:DIR] or imagefolder:DIR", spec));
+      "--data: unknown data '{}'; use synthetic, fashion-mnist[:DIR], imagefolder:DIR or "
+      "text:DIR",
+      spec));
 }
 
 }  // namespace batchtune

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
@@ -77,7 +78,50 @@ void check_keys(const json& object, const std::string& where,
   }
 }
 
-std::vector<int64_t> json_shape(const json& object, const std::string& where) {
+/// A length range `MIN..MAX` (`text`, as written in `input`), checked; errors
+/// name `what` and say how to write one.
+LengthRange parse_length_range(const std::string& text, const std::string& input,
+                               const std::string& what) {
+  const size_t dots = text.find("..");
+  const std::string low = text.substr(0, dots);
+  const std::string high = text.substr(dots + 2);
+  const auto number = [&](const std::string& part) -> int64_t {
+    const bool digits = !part.empty() && part.size() <= 12 &&
+                        std::all_of(part.begin(), part.end(),
+                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    if (!digits) {
+      throw Error(fmt::format("{}: cannot read the length range '{}' in '{}'; write MIN..MAX, like "
+                              "int64:16..512",
+                              what, text, input));
+    }
+    return std::stoll(part);
+  };
+  LengthRange range{number(low), number(high)};
+  if (range.min < 1) {
+    throw Error(fmt::format("{}: the length range {} in '{}' starts below 1; the shortest "
+                            "sequence needs at least 1, like int64:16..512",
+                            what, text, input));
+  }
+  if (range.min > range.max) {
+    throw Error(fmt::format("{}: the length range {} in '{}' runs backwards; write the shortest "
+                            "length first, like int64:{}..{}",
+                            what, text, input, range.max, range.min));
+  }
+  return range;
+}
+
+std::string format_dims(const InputTensorSpec& input) {
+  std::string text = fmt::format("{}", fmt::join(input.shape, "x"));
+  if (input.min_length > 0 && !input.shape.empty()) {
+    text = fmt::format("{}..{}", input.min_length, text);
+  }
+  return text;
+}
+
+/// The `shape` of a JSON object; with `min_length`, its first dimension may
+/// be a length range ("16..512"), whose shortest length goes there.
+std::vector<int64_t> json_shape(const json& object, const std::string& where,
+                                int64_t* min_length = nullptr) {
   if (!object.contains("shape")) throw Error(fmt::format("{}.shape: missing", where));
   const json& shape = object.at("shape");
   if (!shape.is_array()) {
@@ -87,6 +131,19 @@ std::vector<int64_t> json_shape(const json& object, const std::string& where) {
   }
   std::vector<int64_t> dims;
   for (const json& dim : shape) {
+    if (dim.is_string() && dims.empty() && min_length != nullptr) {
+      // A length range, as on the command line: "shape": ["16..512"].
+      const std::string text = dim.get<std::string>();
+      if (text.find("..") == std::string::npos) {
+        throw Error(fmt::format("{}.shape: a string dimension is a length range MIN..MAX, like "
+                                "[\"16..512\"]; got {}",
+                                where, shape.dump()));
+      }
+      const LengthRange range = parse_length_range(text, shape.dump(), where + ".shape");
+      if (range.min < range.max) *min_length = range.min;
+      dims.push_back(range.max);
+      continue;
+    }
     if (!dim.is_number_integer() || dim.get<int64_t>() < 1) {
       throw Error(fmt::format("{}.shape: dimensions must be positive integers, got {}", where,
                               shape.dump()));
@@ -195,7 +252,22 @@ InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
     input.dtype = parse_dtype(text.substr(0, colon), what);
     shape = text.substr(colon + 1);
   }
-  input.shape = parse_shape(shape, what);
+  // A length range is the first dimension only: `16..512` or `16..512x80`.
+  const size_t cross = shape.find_first_of("xX");
+  const std::string first = shape.substr(0, cross);
+  if (shape.find("..") != std::string::npos && first.find("..") == std::string::npos) {
+    throw Error(fmt::format("{}: only the first dimension (the sequence) can be a length range, "
+                            "like int64:16..512 or 16..512x80; got '{}'",
+                            what, text));
+  }
+  if (first.find("..") != std::string::npos) {
+    const LengthRange range = parse_length_range(first, text, what);
+    const std::string rest = cross == std::string::npos ? "" : shape.substr(cross);
+    input.shape = parse_shape(std::to_string(range.max) + rest, what);
+    if (range.min < range.max) input.min_length = range.min;
+  } else {
+    input.shape = parse_shape(shape, what);
+  }
   if (input.dtype == c10::kLong) {
     if (vocab > kMaxClasses) {
       throw Error(fmt::format("--vocab: must be at most {}, got {}", kMaxClasses, vocab));
@@ -244,6 +316,27 @@ void validate(InputSpec& spec, const std::string& what) {
                               "int64",
                               what, input.name, dtype_name(input.dtype)));
     }
+    if (input.min_length < 0 || (input.min_length > 0 && input.shape.empty()) ||
+        (input.min_length > 0 && input.min_length > input.shape.front())) {
+      throw Error(fmt::format("{}: input '{}' has the length range {}..{}; the shortest length "
+                              "must be from 1 to the longest, like 16..512",
+                              what, input.name, input.min_length,
+                              input.shape.empty() ? 0 : input.shape.front()));
+    }
+    if (input.min_length == (input.shape.empty() ? -1 : input.shape.front())) input.min_length = 0;
+  }
+  // The sequences of one sample share one length.
+  const InputTensorSpec* ranged = nullptr;
+  for (const auto& input : spec.inputs) {
+    if (input.min_length == 0) continue;
+    if (ranged != nullptr && (ranged->min_length != input.min_length ||
+                              ranged->shape.front() != input.shape.front())) {
+      throw Error(fmt::format("{}: inputs '{}' and '{}' have different length ranges ({} and {}); "
+                              "the sequences of one sample share one length range",
+                              what, ranged->name, input.name, format_dims(*ranged),
+                              format_dims(input)));
+    }
+    ranged = &input;
   }
   auto& target = spec.target;
   switch (target.kind) {
@@ -371,7 +464,7 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
     InputTensorSpec input;
     input.name = object.contains("name") ? field<std::string>(object, "name", where, "a string")
                                          : input_name(i);
-    input.shape = json_shape(object, where);
+    input.shape = json_shape(object, where, &input.min_length);
     if (object.contains("dtype")) {
       input.dtype = parse_dtype(field<std::string>(object, "dtype", where, "a string"),
                                 where + ".dtype");
@@ -437,7 +530,7 @@ InputSpec load_input_spec(const std::string& path) {
 std::string describe(const InputSpec& spec) {
   std::vector<std::string> inputs;
   for (const auto& input : spec.inputs) {
-    std::string text = fmt::format("{}[{}]", dtype_name(input.dtype), fmt::join(input.shape, "x"));
+    std::string text = fmt::format("{}[{}]", dtype_name(input.dtype), format_dims(input));
     if (input.vocab > 0) text += fmt::format(" (vocab {})", input.vocab);
     inputs.push_back(std::move(text));
   }
@@ -457,6 +550,49 @@ std::string describe(const InputSpec& spec) {
       break;
   }
   return fmt::format("{} -> {}, loss {}", fmt::join(inputs, ", "), target, loss_name(spec.loss));
+}
+
+std::optional<LengthRange> length_range(const InputSpec& spec) {
+  for (const auto& input : spec.inputs) {
+    if (input.min_length > 0 && !input.shape.empty()) {
+      return LengthRange{input.min_length, input.shape.front()};
+    }
+  }
+  return std::nullopt;
+}
+
+int64_t sequence_length(const InputSpec& spec) {
+  if (const auto range = length_range(spec)) return range->max;
+  for (const auto& input : spec.inputs) {
+    if (input.dtype == c10::kLong && !input.shape.empty()) return input.shape.front();
+  }
+  return 0;
+}
+
+InputSpec at_length(const InputSpec& spec, int64_t length) {
+  const auto range = length_range(spec);
+  const int64_t longest = sequence_length(spec);
+  if (longest == 0) {
+    throw Error(fmt::format("--input: {} holds no sequence, so it has no length to set",
+                            describe(spec)));
+  }
+  const int64_t shortest = range ? range->min : longest;
+  if (length < shortest || length > longest) {
+    throw Error(fmt::format("--input: length {} is outside the sequence lengths {}..{} of {}",
+                            length, shortest, longest, describe(spec)));
+  }
+  InputSpec out = spec;
+  for (auto& input : out.inputs) {
+    const bool sequence = range ? input.min_length > 0 : input.dtype == c10::kLong;
+    if (sequence && !input.shape.empty()) {
+      input.shape.front() = length;
+      input.min_length = 0;
+    }
+  }
+  if (out.target.kind == TargetKind::kToken && !out.target.shape.empty()) {
+    out.target.shape.front() = length;
+  }
+  return out;
 }
 
 }  // namespace batchtune

@@ -246,8 +246,41 @@ Plan make_plan(const PlanOptions& o) {
   return plan;
 }
 
+void check_length_buckets(int64_t token_budget, const std::vector<LengthBucket>& buckets,
+                          const std::string& source) {
+  const auto fail = [&](const char* field, const std::string& what) {
+    throw Error(fmt::format("{}: field '{}': {}", source, field, what));
+  };
+  if (token_budget < 1 || token_budget > kMaxPlanCount) {
+    fail("token_budget", fmt::format("must be from 1 to {} tokens, got {}", kMaxPlanCount,
+                                     token_budget));
+  }
+  if (buckets.empty()) fail("length_buckets", "a token budget needs at least one length bucket");
+  int64_t previous = 0;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const LengthBucket& b = buckets[i];
+    if (b.max_length <= previous) {
+      fail("length_buckets",
+           fmt::format("bucket {}: max_length must be at least 1 and above the bucket before's "
+                       "({}), got {}",
+                       i, previous, b.max_length));
+    }
+    if (b.micro_batch_size < 1) {
+      fail("length_buckets", fmt::format("bucket {}: micro_batch_size must be at least 1, got {}",
+                                         i, b.micro_batch_size));
+    }
+    const auto tokens = checked_product(b.micro_batch_size, b.max_length);
+    if (!tokens || *tokens > token_budget) {
+      fail("length_buckets",
+           fmt::format("bucket {}: {} samples of {} tokens pass the token_budget {}", i,
+                       b.micro_batch_size, b.max_length, token_budget));
+    }
+    previous = b.max_length;
+  }
+}
+
 nlohmann::json to_json(const Plan& plan) {
-  return {
+  nlohmann::json json = {
       {"micro_batch_size", plan.micro_batch_size},
       {"accumulation_steps", plan.accumulation_steps},
       {"world_size", plan.world_size},
@@ -262,6 +295,15 @@ nlohmann::json to_json(const Plan& plan) {
       {"reasons", reason_texts(plan)},
       {"workload", to_json(plan.workload)},
   };
+  if (plan.token_budget > 0) {
+    json["token_budget"] = plan.token_budget;
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const auto& b : plan.length_buckets) {
+      buckets.push_back({{"max_length", b.max_length}, {"micro_batch_size", b.micro_batch_size}});
+    }
+    json["length_buckets"] = std::move(buckets);
+  }
+  return json;
 }
 
 nlohmann::json to_json(const PlanWorkload& w) {
@@ -420,6 +462,28 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
       }
       plan.workload.base_lr = v.get<double>();
     }
+  }
+  if (json.contains("token_budget") != json.contains("length_buckets")) {
+    r.fail(json.contains("token_budget") ? "length_buckets" : "token_budget",
+           "missing; token_budget and length_buckets come together");
+  }
+  if (json.contains("token_budget")) {
+    plan.token_budget = r.integer("token_budget", 1);
+    const auto& buckets = json["length_buckets"];
+    if (!buckets.is_array()) {
+      r.fail("length_buckets", "must be a list of {\"max_length\", \"micro_batch_size\"}, got " +
+                                   buckets.dump());
+    }
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const auto& b = buckets[i];
+      if (!b.is_object()) {
+        r.fail("length_buckets", fmt::format("bucket {}: must be an object, got {}", i, b.dump()));
+      }
+      const PlanReader br(b, fmt::format("{}: field 'length_buckets' bucket {}", source, i));
+      plan.length_buckets.push_back(
+          {br.integer("max_length", 1), br.integer("micro_batch_size", 1)});
+    }
+    check_length_buckets(plan.token_budget, plan.length_buckets, source);
   }
   if (json.contains("reasons")) {
     const auto& reasons = json["reasons"];

@@ -74,6 +74,10 @@ nlohmann::json to_json(const TrialResult& trial) {
       {"step_ms", trial.step_ms},
       {"step_ms_spread", trial.step_ms_spread},
       {"samples_per_s", trial.samples_per_s},
+      {"tokens_per_s", trial.sequence_length > 0 ? nlohmann::json(trial.tokens_per_s)
+                                                 : nlohmann::json(nullptr)},
+      {"sequence_length", trial.sequence_length > 0 ? nlohmann::json(trial.sequence_length)
+                                                    : nlohmann::json(nullptr)},
       {"busy", trial.busy},
       {"error", string_or_null(trial.error)},
   };

@@ -36,10 +36,20 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"world_size", s.world_size},
       {"seconds", s.seconds},
       {"samples_per_s", s.samples_per_s},
+      {"tokens_per_s", s.tokens > 0 ? nlohmann::json(s.tokens_per_s) : nlohmann::json(nullptr)},
       {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
   };
+  if (s.padded_tokens > 0) {
+    j["tokens"] = s.tokens;
+    j["padded_tokens"] = s.padded_tokens;
+    j["padding_share"] =
+        s.padded_tokens > 0
+            ? 1.0 - static_cast<double>(s.tokens) / static_cast<double>(s.padded_tokens)
+            : 0.0;
+    j["token_budget"] = s.token_budget > 0 ? nlohmann::json(s.token_budget) : nlohmann::json();
+  }
   // Only on a re-emitted summary (--resume of a finished run).
   if (s.already_finished) j["already_finished"] = true;
   return j;
@@ -53,6 +63,16 @@ void print_plan(std::ostream& out, const Plan& p) {
       p.lr_scaling == LrScaling::kNone ? std::string("not scaled")
                                        : lr_scaling_name(p.lr_scaling) + " scaling",
       p.warmup_steps, amp_name(p.amp));
+  if (p.token_budget > 0) {
+    std::string buckets;
+    for (const auto& b : p.length_buckets) {
+      buckets += fmt::format("{}{} x {}", buckets.empty() ? "" : ", ", b.micro_batch_size,
+                             b.max_length);
+    }
+    out << fmt::format("token budget: {} tokens per micro-batch; length buckets (samples x "
+                       "tokens): {}\n",
+                       p.token_budget, buckets);
+  }
   for (const auto& reason : p.reasons) out << "  - " << reason.text << "\n";
 }
 
@@ -121,6 +141,17 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
       s.test_accuracy ? fmt::format("{:.2f} %", *s.test_accuracy * 100) : std::string("n/a"),
       s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size,
       s.noise_scale ? fmt::format("{:.0f}", *s.noise_scale) : std::string("n/a"));
+  if (s.tokens > 0) {
+    out_ << fmt::format("tokens: {} real of {} computed ({:.1f} % padding), {:.0f} tokens/s{}\n",
+                        s.tokens, s.padded_tokens,
+                        s.padded_tokens > 0 ? 100.0 * (1.0 - static_cast<double>(s.tokens) /
+                                                                 static_cast<double>(s.padded_tokens))
+                                            : 0.0,
+                        s.tokens_per_s,
+                        s.token_budget > 0 ? fmt::format("; token budget {} at the end",
+                                                         s.token_budget)
+                                           : "");
+  }
   if (!s.complete) {
     out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
                         s.interrupted_by, s.steps);

@@ -32,7 +32,85 @@ std::string html_escape(const std::string& text) {
   return out;
 }
 
+nlohmann::json tokens_json(const TokenBudgetResult& t) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const auto& trial : t.trials) trials.push_back(to_json(trial));
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : t.checks) {
+    checks.push_back({{"batch_size", c.batch_size},
+                      {"length", c.length},
+                      {"predicted_bytes", c.predicted_bytes},
+                      {"measured_bytes", c.measured_bytes},
+                      {"fits", c.fits}});
+  }
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& b : t.buckets) {
+    buckets.push_back({{"max_length", b.max_length}, {"micro_batch_size", b.micro_batch_size}});
+  }
+  const MemoryModel& m = t.model;
+  return {{"min_length", t.range.min},
+          {"max_length", t.range.max},
+          {"model",
+           {{"fixed_bytes", m.fixed_bytes},
+            {"per_token_bytes", m.per_token_bytes},
+            {"per_token_length_bytes", m.per_token_length_bytes},
+            {"quadratic", m.quadratic},
+            {"fitted_quadratic_bytes", m.fitted_quadratic_bytes},
+            {"fit_error", m.fit_error},
+            {"linear_fit_error", m.linear_fit_error}}},
+          {"trials", trials},
+          {"checks", checks},
+          {"token_budget", t.token_budget},
+          {"length_buckets", buckets},
+          {"reason", t.reason}};
+}
+
+std::string tokens_html(const TokenBudgetResult& t) {
+  std::string rows;
+  for (const auto& trial : t.trials) {
+    rows += fmt::format("<tr class='{}'><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                        trial.fits ? "fit" : "failed", trial.batch_size, trial.sequence_length,
+                        trial.fits ? "fits" : "does not fit", format_bytes(trial.peak_bytes));
+  }
+  std::string buckets;
+  for (const auto& b : t.buckets) {
+    buckets += fmt::format("<tr><td>{}</td><td>{}</td></tr>", b.max_length, b.micro_batch_size);
+  }
+  return fmt::format(
+      "<h2>Lengths {}..{}: token budget {}</h2>\n<p>{}</p>\n<table><tr><th>batch</th>"
+      "<th>length</th><th>outcome</th><th>peak memory</th></tr>\n{}</table>\n<table><tr>"
+      "<th>bucket (tokens)</th><th>micro-batch</th></tr>{}</table>\n",
+      t.range.min, t.range.max, t.token_budget, html_escape(t.reason), rows, buckets);
+}
+
 }  // namespace
+
+void print_lengths(std::ostream& out, const TokenBudgetResult& t) {
+  fmt::print(out, "  {:>8}  {:>8}  {:>6}  {:>22}\n", "batch", "length", "fits", "peak");
+  for (const auto& trial : t.trials) {
+    fmt::print(out, "  {:>8}  {:>8}  {:>6}  {:>22}\n", trial.batch_size, trial.sequence_length,
+               trial.fits ? "yes" : "no", format_bytes(trial.peak_bytes));
+  }
+  const MemoryModel& m = t.model;
+  fmt::print(out, "memory model: peak = {} + {:.1f} B x batch x length{} (worst error {:.1f} %; "
+                  "linear {:.1f} %, fitted quadratic term {:.3g} B){}\n",
+             format_bytes(static_cast<int64_t>(m.fixed_bytes)), m.per_token_bytes,
+             m.quadratic ? fmt::format(" + {:.3g} B x batch x length^2", m.per_token_length_bytes)
+                         : "",
+             100 * m.fit_error, 100 * m.linear_fit_error, m.fitted_quadratic_bytes,
+             m.quadratic ? "" : ": linear in tokens");
+  for (const auto& c : t.checks) {
+    fmt::print(out, "check at {} x {}: predicted {}, measured {} ({})\n", c.batch_size, c.length,
+               format_bytes(static_cast<int64_t>(c.predicted_bytes)),
+               format_bytes(c.measured_bytes), c.fits ? "fits" : "does not fit");
+  }
+  std::string buckets;
+  for (const auto& b : t.buckets) {
+    buckets += fmt::format("{}{} x {}", buckets.empty() ? "" : ", ", b.micro_batch_size, b.max_length);
+  }
+  fmt::print(out, "token budget {} tokens per micro-batch; buckets (samples x tokens): {}\n",
+             t.token_budget, buckets);
+}
 
 nlohmann::json to_json(const TuneResult& report) {
   nlohmann::json out = to_json(report.search);
@@ -56,6 +134,8 @@ nlohmann::json to_json(const TuneResult& report) {
                     {"amp", amp_name(r.amp)},
                     {"samples_per_s", r.samples_per_s},
                     {"samples_per_s_spread", r.samples_per_s_spread},
+                    {"tokens_per_s", r.tokens_per_s > 0 ? nlohmann::json(r.tokens_per_s)
+                                                        : nlohmann::json(nullptr)},
                     {"step_ms", r.step_ms},
                     {"busy", r.busy},
                     {"utilization", optional_json(r.utilization)},
@@ -71,6 +151,7 @@ nlohmann::json to_json(const TuneResult& report) {
   out["usable_bytes"] = report.usable_bytes;
   out["margin"] = report.margin;
   out["sweep"] = rows;
+  if (report.tokens) out["tokens"] = tokens_json(*report.tokens);
   out["objective"] = to_string(report.objective);
   out["chosen_batch_size"] = report.selection.batch_size > 0
                                  ? nlohmann::json(report.selection.batch_size)
@@ -144,12 +225,16 @@ void print_goodput(std::ostream& out, const TuneResult& report) {
 }
 
 void print_sweep(std::ostream& out, const TuneResult& report) {
-  fmt::print(out, "\n  {:>8}  {:>12}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
-             "samples/s", "step ms", "busy", "util", "GFLOP/s", "peak / capacity");
+  const bool tokens = std::any_of(report.sweep.begin(), report.sweep.end(),
+                                  [](const SweepRow& r) { return r.tokens_per_s > 0; });
+  fmt::print(out, "\n  {:>8}  {:>12}{}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
+             "samples/s", tokens ? fmt::format("  {:>12}", "tokens/s") : "", "step ms", "busy",
+             "util", "GFLOP/s", "peak / capacity");
   for (const auto& r : report.sweep) {
     const bool chosen = r.batch_size == report.selection.batch_size;
-    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
-               chosen ? ">" : " ", r.batch_size, r.samples_per_s, r.step_ms, 100 * r.busy,
+    fmt::print(out, "{} {:>8}  {:>12.1f}{}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
+               chosen ? ">" : " ", r.batch_size, r.samples_per_s,
+               tokens ? fmt::format("  {:>12.0f}", r.tokens_per_s) : "", r.step_ms, 100 * r.busy,
                r.utilization ? fmt::format("{:.0f}%", *r.utilization) : "n/a",
                r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
                format_bytes(r.peak_bytes), format_bytes(report.capacity_bytes));
@@ -379,13 +464,16 @@ std::string html_report(const TuneResult& report) {
                                                    : report.utilization_note));
   }
 
+  const bool tokens = std::any_of(report.sweep.begin(), report.sweep.end(),
+                                  [](const SweepRow& r) { return r.tokens_per_s > 0; });
   std::string rows;
   for (const auto& r : report.sweep) {
     rows += fmt::format(
-        "<tr{}><td>{}</td><td>{:.1f}</td><td>&plusmn; {:.1f} %</td><td>{:.2f}</td><td>{:.0f} %</td>"
+        "<tr{}><td>{}</td><td>{:.1f}</td>{}<td>&plusmn; {:.1f} %</td><td>{:.2f}</td><td>{:.0f} %</td>"
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         r.batch_size == report.selection.batch_size ? " class='chosen'" : "", r.batch_size,
-        r.samples_per_s, 50 * r.samples_per_s_spread, r.step_ms, 100 * r.busy,
+        r.samples_per_s, tokens ? fmt::format("<td>{:.0f}</td>", r.tokens_per_s) : "",
+        50 * r.samples_per_s_spread, r.step_ms, 100 * r.busy,
         r.utilization ? fmt::format("{:.0f} %", *r.utilization) : "n/a",
         r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
         format_bytes(r.peak_bytes),
@@ -448,8 +536,9 @@ code {{ background: #f4f4f4; padding: 2px 6px; word-break: break-all; }}
 <div class="charts">{speed}{memory}{flops}{energy}</div>
 {util}
 {goodput}
+{tokens_section}
 <h2>Sweep</h2>
-<table><tr><th>batch</th><th>samples/s</th><th>spread (IQR)</th><th>step ms</th><th>busy</th><th>util</th><th>GFLOP/s</th><th>peak memory</th><th>J/sample</th><th>steps</th></tr>
+<table><tr><th>batch</th><th>samples/s</th>{tokens_head}<th>spread (IQR)</th><th>step ms</th><th>busy</th><th>util</th><th>GFLOP/s</th><th>peak memory</th><th>J/sample</th><th>steps</th></tr>
 {rows}</table>
 <h2>Search trials</h2>
 <p class="note">Strategy {strategy}; each trial is a real training step at that batch size.</p>
@@ -482,6 +571,8 @@ code {{ background: #f4f4f4; padding: 2px 6px; word-break: break-all; }}
                      fmt::arg("flops", flops_html),
                      fmt::arg("util", utilization_html), fmt::arg("rows", rows),
                      fmt::arg("trial_rows", trial_rows),
+                     fmt::arg("tokens_head", tokens ? "<th>tokens/s</th>" : ""),
+                     fmt::arg("tokens_section", report.tokens ? tokens_html(*report.tokens) : ""),
                      fmt::arg("strategy", to_string(report.search.strategy)),
                      fmt::arg("energy", energy_html), fmt::arg("goodput", goodput_html));
 }
@@ -536,6 +627,9 @@ void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& resu
                    *result.rank_max_batch_size, result.search.max_batch_size);
       }
       print_search(out_, result.search);
+      break;
+    case TunePhase::kLengths:
+      if (result.tokens) print_lengths(out_, *result.tokens);
       break;
     case TunePhase::kSweep:
       print_sweep(out_, result);

@@ -75,6 +75,33 @@ bool TrainingStep::apply(std::optional<double> lr) {
   return stepped;
 }
 
+at::Tensor TrainingStep::backward_weighted(const std::vector<Batch>& micro_batches,
+                                           const std::vector<double>& weights) {
+  TORCH_CHECK(!micro_batches.empty() && micro_batches.size() == weights.size(),
+              "TrainingStep: one weight per micro-batch");
+  workload_.optimizer().zero_grad(/*set_to_none=*/true);
+  try {
+    at::Tensor loss_sum;
+    for (size_t i = 0; i < micro_batches.size(); ++i) {
+      const Batch batch = to_device(micro_batches[i], device_);
+      at::Tensor loss;
+      {
+        AutocastGuard autocast(device_.type(), options_.amp());
+        loss = workload_.compute_loss(batch);
+      }
+      scaler_.scale(loss * weights[i]).backward();
+      at::Tensor part = loss.detach();
+      if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
+      part = part * weights[i];
+      loss_sum = loss_sum.defined() ? loss_sum + part : part;
+    }
+    return loss_sum;
+  } catch (...) {
+    workload_.optimizer().zero_grad(/*set_to_none=*/true);
+    throw;
+  }
+}
+
 at::Tensor TrainingStep::run(const Batch& batch, int64_t step_index) {
   at::Tensor loss = backward(batch, step_index);
   apply();

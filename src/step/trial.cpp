@@ -39,6 +39,13 @@ double relative_spread(std::vector<double> values) {
   return mid > 0 ? (quantile(values, 0.75) - quantile(values, 0.25)) / mid : 0;
 }
 
+void TrialSubject::set_sequence_length(int64_t length) {
+  if (length != 0) {
+    throw Error(fmt::format("{}: this trial subject takes no sequence length (asked for {})",
+                            describe(), length));
+  }
+}
+
 WorkloadTrial::WorkloadTrial(Workload& workload, c10::Device device, AmpMode amp)
     : workload_(workload), device_(device), amp_(amp) {}
 
@@ -53,7 +60,17 @@ void WorkloadTrial::save() {
 void WorkloadTrial::prepare(int64_t batch_size) {
   batch_size_ = batch_size;
   step_ = std::make_unique<TrainingStep>(workload_, device_, StepOptions().amp(amp_));
-  batch_ = std::make_unique<Batch>(workload_.synthetic_batch(batch_size));
+  batch_ = std::make_unique<Batch>(length_ > 0 ? workload_.synthetic_batch(batch_size, length_)
+                                               : workload_.synthetic_batch(batch_size));
+}
+
+void WorkloadTrial::set_sequence_length(int64_t length) {
+  if (length != 0) at_length(workload_.input_spec(), length);  // throws outside the range
+  length_ = length;
+}
+
+int64_t WorkloadTrial::sequence_length() const {
+  return length_ > 0 ? length_ : batchtune::sequence_length(workload_.input_spec());
 }
 
 void WorkloadTrial::next_batch(const BatchSource& source) {
@@ -111,6 +128,8 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
   result.usable_bytes = memory_.usable_bytes();
   result.margin = margin_;
 
+  subject.set_sequence_length(options.sequence_length());
+  result.sequence_length = subject.sequence_length();
   subject.save();
   memory_.release_cached();
   memory_.reset_peak();
@@ -189,6 +208,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.step_ms = median(result.step_seconds) * 1e3;
     result.step_ms_spread = relative_spread(result.step_seconds);
     result.samples_per_s = static_cast<double>(result.batch_size) / (result.step_ms / 1e3);
+    result.tokens_per_s = result.samples_per_s * static_cast<double>(result.sequence_length);
     double total = 0;
     double waiting = 0;
     for (size_t i = 0; i < result.step_seconds.size(); ++i) {

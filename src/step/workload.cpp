@@ -193,20 +193,32 @@ void Workload::check_trains() {
 }
 
 Batch Workload::synthetic_batch(int64_t batch_size) const {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(
-      options_.seed() * 1000003 + static_cast<uint64_t>(batch_size));
+  return synthetic_batch_of(spec_, batch_size,
+                            options_.seed() * 1000003 + static_cast<uint64_t>(batch_size));
+}
+
+Batch Workload::synthetic_batch(int64_t batch_size, int64_t length) const {
+  if (length == sequence_length(spec_)) return synthetic_batch(batch_size);
+  return synthetic_batch_of(at_length(spec_, length), batch_size,
+                            options_.seed() * 1000003 + static_cast<uint64_t>(batch_size) +
+                                static_cast<uint64_t>(length) * 7919);
+}
+
+Batch Workload::synthetic_batch_of(const InputSpec& spec, int64_t batch_size,
+                                   uint64_t seed) const {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   Batch batch;
-  for (const auto& input : spec_.inputs) {
+  for (const auto& input : spec.inputs) {
     batch.inputs.push_back(synthetic(input.shape, batch_size, input.dtype, input.vocab, generator));
   }
-  switch (spec_.target.kind) {
+  switch (spec.target.kind) {
     case TargetKind::kClass:
     case TargetKind::kToken:
-      batch.target = synthetic(spec_.target.shape, batch_size, at::kLong, spec_.target.classes,
+      batch.target = synthetic(spec.target.shape, batch_size, at::kLong, spec.target.classes,
                                generator);
       break;
     case TargetKind::kRegression:
-      batch.target = synthetic(spec_.target.shape, batch_size, at::kFloat, 0, generator);
+      batch.target = synthetic(spec.target.shape, batch_size, at::kFloat, 0, generator);
       break;
     case TargetKind::kNone:
       break;

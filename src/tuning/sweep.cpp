@@ -32,6 +32,7 @@ SweepRow sweep_row(const TrialResult& trial) {
   row.batch_size = trial.batch_size;
   row.amp = trial.amp;
   row.samples_per_s = trial.samples_per_s;
+  row.tokens_per_s = trial.tokens_per_s;
   row.step_ms = trial.step_ms;
   row.busy = trial.busy;
   row.peak_bytes = trial.peak_bytes;

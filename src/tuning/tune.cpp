@@ -204,6 +204,7 @@ class Pipeline {
     try {
       search();
       if (!r.search_only && r.search.max_batch_size > 0) {
+        lengths();
         sweep();
         choose();
         plan();
@@ -282,6 +283,41 @@ class Pipeline {
     }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
+  }
+
+  /// A length range: the search measured at the longest length; trials at
+  /// shorter ones fit the memory model, and the token budget is planned and
+  /// checked. Within what the search's share left.
+  void lengths() {
+    if (workload_ == nullptr) return;
+    const auto range = length_range(workload_->input_spec());
+    if (!range) return;
+    budget_.begin_phase(0);
+    reporter_.phase_started(
+        TunePhase::kLengths,
+        fmt::format("lengths {}..{}: peak memory against batch x length, for a token budget",
+                    range->min, range->max));
+    size_t index = 0;
+    // A trial measures one micro-batch from no gradients; accumulating a
+    // step's micro-batches holds the gradients of those before (one copy
+    // of the parameters), so the budget is planned without them.
+    const int64_t gradient_reserve = parameter_bytes(workload_->model());
+    result_.tokens = plan_token_budget(
+        [&](int64_t batch, int64_t length) {
+          TrialResult t = trial(TunePhase::kLengths, TrialOptions()
+                                                         .batch_size(batch)
+                                                         .sequence_length(length)
+                                                         .steps(kSearchTimedSteps)
+                                                         .warmup_steps(kSearchWarmupSteps));
+          reporter_.trial_finished(TunePhase::kLengths, t, index++);
+          return t;
+        },
+        result_.search.trials, result_.search.max_batch_size, *range,
+        runner_.memory().usable_bytes() - gradient_reserve, options_.search().max_batch());
+    result_.tokens->reason += fmt::format(
+        "; {} kept free for the gradients held while micro-batches accumulate",
+        format_bytes(gradient_reserve));
+    end_phase(TunePhase::kLengths);
   }
 
   void sweep() {
@@ -408,6 +444,11 @@ class Pipeline {
                                         "micro-batches of {}",
                                         plan.global_batch_size, plan.accumulation_steps,
                                         plan.micro_batch_size));
+    }
+    if (r.tokens) {
+      plan.token_budget = r.tokens->token_budget;
+      plan.length_buckets = r.tokens->buckets;
+      plan.set_reason(PlanField::kTokenBudget, r.tokens->reason);
     }
     if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
     r.plan = plan;
@@ -538,6 +579,7 @@ std::string to_string(TunePhase phase) {
   switch (phase) {
     case TunePhase::kPrecision: return "precision";
     case TunePhase::kSearch: return "search";
+    case TunePhase::kLengths: return "lengths";
     case TunePhase::kSweep: return "sweep";
     case TunePhase::kNoise: return "noise";
     case TunePhase::kLoader: return "loader";
@@ -596,7 +638,15 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
             ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
                           request.plan_file, file.micro_batch_size)
             : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
-    return build_plan(request, micro, micro_reason, amp, workload, memory);
+    Plan plan = build_plan(request, micro, micro_reason, amp, workload, memory);
+    if (file.token_budget > 0) {
+      plan.token_budget = file.token_budget;
+      plan.length_buckets = file.length_buckets;
+      plan.set_reason(PlanField::kTokenBudget,
+                      fmt::format("token budget {}: from the plan {}", file.token_budget,
+                                  request.plan_file));
+    }
+    return plan;
   }
   if (request.micro_batch_size) {
     const int64_t micro = *request.micro_batch_size;

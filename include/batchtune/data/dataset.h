@@ -129,11 +129,14 @@ struct DataOptions {
   /// Unreadable image files are skipped with a warning (and counted) instead
   /// of stopping the run with an error naming them.
   TORCH_ARG(bool, skip_bad_samples) = false;
+  /// `text:DIR`: the shortest sample in tokens (the longest is the shape's).
+  TORCH_ARG(int64_t, min_length) = 1;
 };
 
 /// Opens the data named by `--data`: `synthetic` (the default; the shape
-/// and classes given), `fashion-mnist[:DIR]` or `imagefolder:DIR` (images
-/// made to the shape given, one class per sub-folder). Throws
+/// and classes given), `fashion-mnist[:DIR]`, `imagefolder:DIR` (images
+/// made to the shape given, one class per sub-folder) or `text:DIR`
+/// (`TextDataset`: byte tokens, at most the shape's one dimension long). Throws
 /// `batchtune::Error` naming `--data` or the file at fault.
 DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& synthetic_shape,
                         int64_t synthetic_classes, uint64_t seed, DataOptions options = {});

@@ -4,6 +4,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,9 +15,12 @@ namespace batchtune {
 /// model gets) and its dtype. Token ids are `int64` with a vocabulary size.
 ///
 /// For sequences, the shape holds the longest sequence training will see:
-/// a probe must measure the worst case.
+/// a probe must measure the worst case. Sequences whose length varies give
+/// the shortest too (`min_length`, `int64:16..512` on the command line): the
+/// first dimension then runs from `min_length` to `shape[0]`.
 struct InputTensorSpec {
-  /// Per-sample shape: `{3, 224, 224}` for images, `{128}` for 128 tokens.
+  /// Per-sample shape: `{3, 224, 224}` for images, `{128}` for 128 tokens;
+  /// for a length range, the longest (`{512}` for `int64:16..512`).
   std::vector<int64_t> shape;
   /// `at::kFloat`, `at::kHalf`, `at::kBFloat16` or `at::kLong` (token ids).
   c10::ScalarType dtype = c10::kFloat;
@@ -24,6 +28,9 @@ struct InputTensorSpec {
   int64_t vocab = 0;
   /// For people: the name in a JSON spec, else "input", "input1", ...
   std::string name;
+  /// The shortest length of the first dimension when it is a range (16 for
+  /// `int64:16..512`); 0 for a fixed shape.
+  int64_t min_length = 0;
 };
 
 /// What the model is trained to predict.
@@ -81,7 +88,9 @@ InputSpec token_spec(int64_t length, int64_t vocab);
 
 /// Parses one `--input` value: a shape with an optional dtype prefix,
 /// `3x224x224`, `float16:3x224x224`, `bfloat16:...`, `int64:128` (token ids;
-/// they need `vocab` > 0). Throws `batchtune::Error` naming `what`.
+/// they need `vocab` > 0). The first dimension may be a length range
+/// `MIN..MAX`: `int64:16..512`, `16..512x80`. Throws `batchtune::Error`
+/// naming `what`.
 ///
 /// Example:
 /// ```
@@ -155,6 +164,34 @@ InputSpec load_input_spec(const std::string& path);
 void validate(InputSpec& spec, const std::string& what = "--input");
 
 /// For people, one line: `int64[128] (vocab 32000) -> token targets, 32000 classes, ce`.
+/// A length range reads `int64[16..512]`.
 std::string describe(const InputSpec& spec);
+
+/// The lengths a sequence input's first dimension takes.
+struct LengthRange {
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
+/// The spec's length range: that of its ranged inputs (a validated spec
+/// gives them all the same one); nullopt when every shape is fixed.
+std::optional<LengthRange> length_range(const InputSpec& spec);
+
+/// Tokens per sample of a sequence workload: the longest length of a ranged
+/// input, else the first dimension of the first token-id (int64) input; 0
+/// when the input is no sequence (images). What `tokens_per_s` counts.
+int64_t sequence_length(const InputSpec& spec);
+
+/// The spec with its sequences `length` long: every ranged input's first
+/// dimension, and per-token targets, set to `length` (a fixed spec's token
+/// inputs likewise). Throws `batchtune::Error` for a length outside the range.
+///
+/// Example:
+/// ```
+///   auto spec = batchtune::parse_input_flags(
+///       batchtune::InputFlags().inputs({"int64:16..512"}).vocab(256));
+///   auto shortest = batchtune::at_length(spec, 16);  // int64[16] -> token targets [16]
+/// ```
+InputSpec at_length(const InputSpec& spec, int64_t length);
 
 }  // namespace batchtune

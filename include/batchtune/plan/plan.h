@@ -60,6 +60,7 @@ enum class PlanField {
   kWarmup,
   kAmp,
   kInputPipeline,
+  kTokenBudget,
   kNote,  ///< anything else (a reason read from a file, a remark)
 };
 
@@ -84,6 +85,14 @@ struct PlanWorkload {
   bool empty() const { return model.empty(); }
 };
 
+/// One length bucket of a token-budget plan: sequences of up to
+/// `max_length` tokens (longer than the bucket before), `micro_batch_size`
+/// of them per micro-batch at that length.
+struct LengthBucket {
+  int64_t max_length = 0;
+  int64_t micro_batch_size = 0;
+};
+
 /// How to train: the batch sizes, learning rate and precision that move
 /// together. `batchtune tune` ends with one; `batchtune plan` and
 /// `batchtune train --plan FILE` read it. JSON field names are stable.
@@ -99,6 +108,14 @@ struct Plan {
   int64_t workers = kDefaultWorkers;
   bool pin_memory = false;
   int64_t prefetch = kDefaultPrefetch;
+  /// Sequences of varying length (`int64:16..512`): padded tokens per
+  /// micro-batch at most, a budget that fits at every length up to the
+  /// longest; 0 for a plan of fixed batches. JSON `token_budget`, written
+  /// only when set.
+  int64_t token_budget = 0;
+  /// With a token budget: the buckets by length, shortest first, each with
+  /// the micro-batch that fits at its bound. JSON `length_buckets`.
+  std::vector<LengthBucket> length_buckets;
   /// One plain sentence per choice, saying why and where it came from.
   std::vector<PlanReason> reasons;
   /// What the plan was made for (JSON `workload`).
@@ -177,7 +194,15 @@ int64_t warmup_rule(double lr_factor);
 /// ```
 double scheduled_lr(double lr, int64_t warmup_steps, int64_t step);
 
-/// The plan as JSON, with exactly the fields of `Plan` (and `reasons`).
+/// Checks a token budget and its buckets: a budget of at least 1, at least
+/// one bucket, bounds strictly rising, each micro-batch at least 1 and its
+/// padded tokens (micro-batch × bound) within the budget. Throws
+/// `batchtune::Error` as "`source`: field `length_buckets`: what is wrong".
+void check_length_buckets(int64_t token_budget, const std::vector<LengthBucket>& buckets,
+                          const std::string& source);
+
+/// The plan as JSON, with exactly the fields of `Plan` (and `reasons`;
+/// `token_budget` and `length_buckets` only when the plan has a budget).
 nlohmann::json to_json(const Plan& plan);
 /// Reads a plan from JSON: a plan object, or an object with a `plan` field
 /// (as `batchtune tune --json` writes). Every field is checked; a bad one

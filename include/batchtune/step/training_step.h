@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "batchtune/data/batch.h"
 #include "batchtune/step/amp.h"
@@ -64,6 +65,13 @@ class TrainingStep {
   /// parameter group when given. Returns false when the loss scaler skipped
   /// it (fp16 gradients that are not finite).
   bool apply(std::optional<double> lr = std::nullopt);
+  /// Gradients of one optimizer step made of `micro_batches` (padded
+  /// token batches of any sizes) from zero, each micro-batch's loss (its
+  /// mean over real tokens) weighted by `weights` (their real tokens'
+  /// share of the step's, so the loss is normalised per token). Returns the
+  /// weighted loss, detached. An out-of-memory propagates, gradients dropped.
+  at::Tensor backward_weighted(const std::vector<Batch>& micro_batches,
+                               const std::vector<double>& weights);
   /// `backward` then `apply`: what a trial times.
   at::Tensor run(const Batch& batch, int64_t step_index = 0);
 

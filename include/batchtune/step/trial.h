@@ -42,6 +42,9 @@ struct TrialOptions {
   /// (for a workload: one synthetic batch made before the first step and
   /// reused, so no data wait).
   TORCH_ARG(BatchSource, batch_source) = nullptr;
+  /// Sequences: tokens per sample of the trial's batches (see `at_length`);
+  /// 0 for the longest the input spec allows, the worst case.
+  TORCH_ARG(int64_t, sequence_length) = 0;
 };
 
 /// What a trial trains: the seam between the trial runner, which times and
@@ -65,6 +68,13 @@ class TrialSubject {
   virtual void save() = 0;
   /// Untimed, before the first step: makes what steps at `batch_size` need.
   virtual void prepare(int64_t batch_size) = 0;
+  /// Sequences: the length the next `prepare` makes its batches at; 0 for
+  /// the longest. A subject without sequence lengths takes only 0 (and
+  /// throws `batchtune::Error` for anything else).
+  virtual void set_sequence_length(int64_t length);
+  /// Tokens per sample of the prepared batches; 0 where the input is no
+  /// sequence (then no `tokens_per_s` is reported).
+  virtual int64_t sequence_length() const { return 0; }
   /// Timed as the step's data wait: takes the next step's batch from
   /// `source` when given, else reuses the prepared one.
   virtual void next_batch(const BatchSource& source) { (void)source; }
@@ -86,6 +96,8 @@ class WorkloadTrial : public TrialSubject {
   AmpMode amp() const override { return amp_; }
   void save() override;
   void prepare(int64_t batch_size) override;
+  void set_sequence_length(int64_t length) override;
+  int64_t sequence_length() const override;
   void next_batch(const BatchSource& source) override;
   at::Tensor step() override;
   void restore() override;
@@ -96,6 +108,7 @@ class WorkloadTrial : public TrialSubject {
   c10::Device device_;
   AmpMode amp_;
   int64_t batch_size_ = 0;
+  int64_t length_ = 0;  // 0: the spec's longest
   std::unique_ptr<Batch> batch_;
   std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<TrainingSnapshot> snapshot_;
@@ -142,6 +155,10 @@ struct TrialResult {
   double step_ms = 0;         ///< median step time
   double step_ms_spread = 0;  ///< interquartile range / median (0 = steady)
   double samples_per_s = 0;   ///< batch size / median step time
+  /// Sequences: tokens per sample the trial ran at (0: no sequence input).
+  int64_t sequence_length = 0;
+  /// samples/s × sequence length (0 without a sequence).
+  double tokens_per_s = 0;
   double loss = 0;            ///< loss of the last step
   /// Empty when it fits.
   std::string error;

@@ -79,6 +79,10 @@ class Workload {
   /// A batch of random inputs and labels on the device, the same for the
   /// same size (seeded from `seed` and `batch_size`).
   Batch synthetic_batch(int64_t batch_size) const;
+  /// The same with sequences `length` long (see `at_length`): for a length
+  /// range, batches at any length in it. Throws `batchtune::Error` for a
+  /// length outside it.
+  Batch synthetic_batch(int64_t batch_size, int64_t length) const;
 
   /// Forward and loss, as the spec says: cross-entropy over class or
   /// per-token targets, MSE over float targets, or the model's own scalar
@@ -89,6 +93,7 @@ class Workload {
 
  private:
   void check_trains();
+  Batch synthetic_batch_of(const InputSpec& spec, int64_t batch_size, uint64_t seed) const;
 
   WorkloadOptions options_;
   InputSpec spec_;

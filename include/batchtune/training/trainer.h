@@ -101,6 +101,14 @@ struct TrainSummary {
   std::optional<double> loss_scale;  ///< fp16: the loss scaler's scale at the end
   double seconds = 0;              ///< training time of this run, evaluation excluded
   double samples_per_s = 0;        ///< samples of this run / seconds
+  /// Sequences: real (unpadded) tokens trained on, and per second; 0 where
+  /// the input is no sequence (JSON `tokens_per_s` null).
+  int64_t tokens = 0;
+  double tokens_per_s = 0;
+  /// Token-budget runs: padded tokens computed, and the budget at the end
+  /// (smaller after an out-of-memory); 0 otherwise.
+  int64_t padded_tokens = 0;
+  int64_t token_budget = 0;
   double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
   int64_t resumed_from_step = 0;   ///< 0 for a fresh run
   /// False when SIGINT or SIGTERM stopped the run early (see interrupt.h):

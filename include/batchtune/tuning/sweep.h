@@ -39,6 +39,8 @@ struct SweepRow {
   AmpMode amp = AmpMode::kOff;      ///< the precision it was timed at
   double samples_per_s = 0;         ///< median
   double samples_per_s_spread = 0;  ///< interquartile range / median
+  /// Sequences: samples/s × tokens per sample (0 where the input is no sequence).
+  double tokens_per_s = 0;
   double step_ms = 0;               ///< median
   double busy = 0;                  ///< compute / (compute + data wait)
   std::optional<double> utilization;          ///< device utilization %, mean

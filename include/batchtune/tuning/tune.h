@@ -18,6 +18,7 @@
 #include "batchtune/tuning/plan_request.h"
 #include "batchtune/tuning/search.h"
 #include "batchtune/tuning/sweep.h"
+#include "batchtune/tuning/token_budget.h"
 
 namespace batchtune {
 
@@ -27,8 +28,10 @@ class DeviceMemory;
 class Monitor;
 class Workload;
 
-/// The phases of a tune, in order.
-enum class TunePhase { kPrecision, kSearch, kSweep, kNoise, kLoader, kPlan };
+/// The phases of a tune, in order. `kLengths` runs only for a length range
+/// (`int64:16..512`): the memory model over batch and length, and the token
+/// budget (see `plan_token_budget`).
+enum class TunePhase { kPrecision, kSearch, kLengths, kSweep, kNoise, kLoader, kPlan };
 std::string to_string(TunePhase phase);
 
 /// Shares of the time budget (`TuneOptions::time_budget_s`) that each phase
@@ -114,6 +117,9 @@ struct TuneResult {
   std::vector<EnergyCost> energy_costs;
   /// The input pipeline, timed on the data at the chosen micro-batch.
   LoaderTuning loader;
+  /// A length range: the memory model over batch and length, its checks,
+  /// and the token budget and buckets it planned. None for fixed shapes.
+  std::optional<TokenBudgetResult> tokens;
   /// The plan to train with; none for a search only, or when nothing fits.
   std::optional<Plan> plan;
 };

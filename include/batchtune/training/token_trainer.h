@@ -1,0 +1,61 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "batchtune/data/text.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/training/trainer.h"
+
+namespace batchtune {
+
+class DeviceMemory;
+class Workload;
+
+/// How a token-budget run trains.
+struct TokenTrainOptions {
+  /// Passes over the data (when `steps` is 0).
+  TORCH_ARG(int64_t, epochs) = 1;
+  /// Optimizer steps in all; 0 for `epochs`.
+  TORCH_ARG(int64_t, steps) = 0;
+  /// Seeds each epoch's shuffle (with the epoch).
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// Real tokens per optimizer step, reached by accumulating micro-batches;
+  /// 0 for the plan's token budget (about one full micro-batch a step).
+  TORCH_ARG(int64_t, target_tokens) = 0;
+  /// A log event every this many optimizer steps; 0 for none.
+  TORCH_ARG(int64_t, log_every) = 0;
+  /// Fixed batches instead (the baseline): this many samples per
+  /// micro-batch, each padded to `pad_to` tokens; 0 for the token budget.
+  TORCH_ARG(int64_t, fixed_batch_size) = 0;
+  TORCH_ARG(int64_t, pad_to) = 0;
+};
+
+/// Trains a sequence model by a token budget: each epoch the
+/// `LengthBucketSampler` fills micro-batches up to `plan.token_budget`
+/// padded tokens within its length buckets; consecutive micro-batches are
+/// accumulated until they hold `target_tokens` real tokens, then one
+/// optimizer step (lr per `plan.lr`, `plan.warmup_steps`). The loss is
+/// normalised per token: each micro-batch's mean over its real tokens
+/// (padding is `kIgnoreTarget`) weighted by its share of the step's real
+/// tokens. On an out-of-memory the budget is halved and the micro-batches
+/// of the step split in two, so the same samples and tokens make the same
+/// step; later micro-batches follow the smaller budget. Throws
+/// `batchtune::Error` when a single sample does not fit.
+///
+/// Example:
+/// ```
+///   batchtune::TextDataset text("/usr/share/common-licenses", {16, 512});
+///   auto summary = batchtune::train_by_tokens(workload, *memory, plan, text,
+///                                             batchtune::TokenTrainOptions().epochs(1));
+///   std::cout << summary.tokens_per_s;
+/// ```
+TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Plan& plan,
+                             const TextDataset& data, const TokenTrainOptions& options,
+                             const TrainCallback& callback = {},
+                             const std::function<void(int64_t)>& before_step = {});
+
+}  // namespace batchtune

@@ -1,0 +1,214 @@
+#include "batchtune/data/text.h"
+
+#include <ATen/ATen.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "batchtune/common/error.h"
+
+namespace batchtune {
+namespace {
+
+/// Bytes read of one file at most: a text file larger than this is a data
+/// dump, not a document, and reading it whole would take the host's memory.
+constexpr off_t kMaxDocumentBytes = off_t{16} << 20;
+/// Folder depth followed at most (a link loop ends here).
+constexpr int kMaxDepth = 16;
+
+// POSIX, not std::filesystem: the torch wheel's libtorch.so exports its own
+// std::filesystem symbols, and they crash when called from here.
+void list_files(const std::string& dir, int depth, std::vector<std::string>& files) {
+  DIR* handle = ::opendir(dir.c_str());
+  if (handle == nullptr) return;
+  while (const dirent* entry = ::readdir(handle)) {
+    const std::string name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      if (depth < kMaxDepth) list_files(path, depth + 1, files);
+    } else if (S_ISREG(st.st_mode) && st.st_size <= kMaxDocumentBytes) {
+      files.push_back(path);
+    }
+  }
+  ::closedir(handle);
+}
+
+std::vector<std::string> text_files(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw Error(fmt::format("--data text:{}: not a folder; give a folder of text files, like "
+                            "text:/usr/share/common-licenses",
+                            dir));
+  }
+  std::vector<std::string> files;
+  list_files(dir, 0, files);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+TextDataset::TextDataset(const std::string& dir, LengthRange range) : dir_(dir), range_(range) {
+  if (range.min < 1 || range.max < range.min) {
+    throw Error(fmt::format("--input: text needs a length range like int64:16..512, got {}..{}",
+                            range.min, range.max));
+  }
+  std::string all;
+  for (const std::string& path : text_files(dir)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;  // unreadable: not this data set's business
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find('\0') != std::string::npos) continue;  // binary (a .gz, an image)
+    ++documents_;
+    // Paragraphs: text between blank lines; each n bytes long gives n − 1 tokens.
+    size_t begin = 0;
+    while (begin < text.size()) {
+      size_t end = text.find("\n\n", begin);
+      if (end == std::string::npos) end = text.size();
+      for (size_t piece = begin; piece < end;) {
+        const size_t bytes = std::min<size_t>(end - piece, static_cast<size_t>(range.max) + 1);
+        const auto tokens = static_cast<int64_t>(bytes) - 1;
+        if (tokens >= range.min) {
+          offsets_.push_back(static_cast<int64_t>(all.size()));
+          lengths_.push_back(tokens);
+          all.append(text, piece, bytes);
+        }
+        piece += bytes;
+      }
+      begin = end + 2;
+    }
+  }
+  if (lengths_.empty()) {
+    throw Error(fmt::format("--data text:{}: no paragraph of {} to {} tokens in {} text file(s); "
+                            "give a folder of text files, like text:/usr/share/common-licenses",
+                            dir, range.min, range.max, documents_));
+  }
+  bytes_ = at::empty({static_cast<int64_t>(all.size())}, at::kByte);
+  std::memcpy(bytes_.data_ptr(), all.data(), all.size());
+}
+
+LengthRange TextDataset::length_range() const {
+  const auto [lo, hi] = std::minmax_element(lengths_.begin(), lengths_.end());
+  return {*lo, *hi};
+}
+
+Batch TextDataset::get_batch(const std::vector<int64_t>& indices) const {
+  int64_t longest = pad_to_;
+  for (int64_t i : indices) longest = std::max(longest, lengths_.at(static_cast<size_t>(i)));
+  const auto b = static_cast<int64_t>(indices.size());
+  at::Tensor inputs = at::zeros({b, longest}, at::kLong);
+  at::Tensor targets = at::full({b, longest}, kIgnoreTarget, at::kLong);
+  auto in = inputs.accessor<int64_t, 2>();
+  auto out = targets.accessor<int64_t, 2>();
+  const auto* bytes = bytes_.data_ptr<uint8_t>();
+  for (int64_t row = 0; row < b; ++row) {
+    const auto i = static_cast<size_t>(indices[static_cast<size_t>(row)]);
+    const uint8_t* sample = bytes + offsets_[i];
+    for (int64_t t = 0; t < lengths_[i]; ++t) {
+      in[row][t] = sample[t];
+      out[row][t] = sample[t + 1];
+    }
+  }
+  Batch batch;
+  batch.inputs.push_back(inputs);
+  batch.target = targets;
+  return batch;
+}
+
+std::string TextDataset::describe() const {
+  const LengthRange r = length_range();
+  const int64_t tokens = std::accumulate(lengths_.begin(), lengths_.end(), int64_t{0});
+  return fmt::format("text {} ({} paragraphs of {} files, {}..{} tokens, {} tokens in all)", dir_,
+                     lengths_.size(), documents_, r.min, r.max, tokens);
+}
+
+LengthBucketSampler::LengthBucketSampler(std::vector<int64_t> lengths,
+                                         std::vector<LengthBucket> buckets, int64_t token_budget,
+                                         uint64_t seed)
+    : lengths_(std::move(lengths)), buckets_(std::move(buckets)), token_budget_(token_budget),
+      seed_(seed) {
+  check_length_buckets(token_budget_, buckets_, "length buckets");
+  for (int64_t l : lengths_) longest_ = std::max(longest_, l);
+  if (longest_ > buckets_.back().max_length) {
+    throw Error(fmt::format("length buckets: a sample of {} tokens is longer than the longest "
+                            "bucket ({}); plan for the data's longest length",
+                            longest_, buckets_.back().max_length));
+  }
+  set_token_budget(token_budget_);
+}
+
+void LengthBucketSampler::set_token_budget(int64_t token_budget) {
+  if (token_budget < longest_) {
+    throw Error(fmt::format("token budget: {} tokens cannot hold the longest sample ({} tokens)",
+                            token_budget, longest_));
+  }
+  token_budget_ = token_budget;
+}
+
+std::vector<TokenBatch> LengthBucketSampler::epoch(int64_t epoch) const {
+  std::vector<int64_t> order(lengths_.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed_ * 1000003 + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), rng);
+  struct Open {
+    TokenBatch batch;
+    int64_t longest = 0;
+  };
+  std::vector<Open> open(buckets_.size());
+  std::vector<TokenBatch> out;
+  for (int64_t i : order) {
+    const int64_t length = lengths_[static_cast<size_t>(i)];
+    const auto bucket = static_cast<size_t>(
+        std::lower_bound(buckets_.begin(), buckets_.end(), length,
+                         [](const LengthBucket& b, int64_t l) { return b.max_length < l; }) -
+        buckets_.begin());
+    Open& o = open[bucket];
+    const int64_t longest = std::max(o.longest, length);
+    const auto count = static_cast<int64_t>(o.batch.indices.size()) + 1;
+    if (!o.batch.indices.empty() && count * longest > token_budget_) {
+      out.push_back(std::move(o.batch));
+      o = Open();
+    }
+    o.longest = std::max(o.longest, length);
+    o.batch.indices.push_back(i);
+    o.batch.tokens += length;
+    o.batch.padded_tokens = static_cast<int64_t>(o.batch.indices.size()) * o.longest;
+  }
+  for (auto& o : open) {
+    if (!o.batch.indices.empty()) out.push_back(std::move(o.batch));
+  }
+  return out;
+}
+
+std::vector<TokenBatch> fixed_batches(const std::vector<int64_t>& lengths, int64_t batch_size,
+                                      int64_t pad_to, uint64_t seed, int64_t epoch) {
+  TORCH_CHECK(batch_size >= 1, "fixed_batches: a batch of at least 1");
+  std::vector<int64_t> order(lengths.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<TokenBatch> out;
+  for (size_t begin = 0; begin < order.size(); begin += static_cast<size_t>(batch_size)) {
+    TokenBatch b;
+    const size_t end = std::min(order.size(), begin + static_cast<size_t>(batch_size));
+    b.indices.assign(order.begin() + static_cast<std::ptrdiff_t>(begin),
+                     order.begin() + static_cast<std::ptrdiff_t>(end));
+    for (int64_t i : b.indices) b.tokens += lengths[static_cast<size_t>(i)];
+    b.padded_tokens = static_cast<int64_t>(b.indices.size()) * pad_to;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace batchtune

@@ -1,0 +1,206 @@
+#include "batchtune/data/text.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "batchtune/common/error.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/workload.h"
+#include "batchtune/training/token_trainer.h"
+#include "batchtune/tuning/token_budget.h"
+#include "image_folder_fixture.h"
+#include "test_helpers.h"
+
+namespace batchtune {
+namespace {
+
+using batchtune::testing::error_of;
+using batchtune::testing::remove_tree;
+
+/// A fresh folder under /tmp (POSIX: libtorch.so's std::filesystem crashes).
+std::string temp_folder(const std::string& name) {
+  std::string path = "/tmp/batchtune-text-" + name + "-XXXXXX";
+  if (::mkdtemp(path.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return path;
+}
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+/// A folder of text files whose paragraphs run over `range`, seeded.
+class TextFolder {
+ public:
+  TextFolder(const std::string& name, LengthRange range, int paragraphs, uint64_t seed)
+      : dir_(temp_folder(name)) {
+    ::mkdir((dir_ + "/sub").c_str(), 0755);
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int64_t> length(range.min + 1, range.max + 1);  // bytes
+    std::uniform_int_distribution<int> letter('a', 'z');
+    for (int file = 0; file < 4; ++file) {
+      std::ofstream out(dir_ + (file % 2 ? "/sub" : "") + fmt::format("/doc{}.txt", file));
+      for (int p = file; p < paragraphs; p += 4) {
+        const int64_t bytes = length(rng);
+        for (int64_t i = 0; i < bytes; ++i) out << static_cast<char>(letter(rng));
+        out << "\n\n";
+      }
+    }
+    std::ofstream binary(dir_ + "/image.bin", std::ios::binary);
+    binary << std::string("GIF\0\0\1", 6);
+  }
+  ~TextFolder() { remove_tree(dir_); }
+  std::string path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+TEST(TextDataset, ParagraphsAreByteTokensAndTheNextByteIsTheTarget) {
+  const std::string dir = temp_folder("small");
+  std::ofstream(dir + "/a.txt") << "hello world\n\nab\n\n" << std::string(40, 'x');
+  TextDataset text(dir, {4, 16});
+  // "hello world" (10 tokens); "ab" (1 token) dropped; 40 x's: 16 + 16 + 5 tokens.
+  EXPECT_EQ(text.lengths(), (std::vector<int64_t>{10, 16, 16, 5}));
+  EXPECT_EQ(text.documents(), 1);
+  const Batch b = text.get_batch({0, 3});
+  ASSERT_EQ(b.input().sizes(), (std::vector<int64_t>{2, 10}));
+  EXPECT_EQ(b.input()[0][0].item<int64_t>(), 'h');
+  EXPECT_EQ(b.target[0][0].item<int64_t>(), 'e');
+  EXPECT_EQ(b.target[0][9].item<int64_t>(), 'd');
+  EXPECT_EQ(b.target[1][4].item<int64_t>(), 'x');
+  EXPECT_EQ(b.target[1][5].item<int64_t>(), kIgnoreTarget) << "padding is ignored by the loss";
+  EXPECT_EQ(b.input()[1][5].item<int64_t>(), 0);
+  EXPECT_LT(b.input().max().item<int64_t>(), kByteVocab);
+  remove_tree(dir);
+}
+
+TEST(TextDataset, BadFoldersNameTheData) {
+  EXPECT_NE(error_of([] { TextDataset("/nonexistent/text", {16, 512}); }).find("--data text:"),
+            std::string::npos);
+  const std::string empty = temp_folder("empty");
+  EXPECT_NE(error_of([&] { TextDataset(empty, {16, 512}); }).find("no paragraph"),
+            std::string::npos);
+  remove_tree(empty);
+}
+
+TEST(LengthBucketSampler, CoversEverySampleOncePerEpochWithinTheBudget) {
+  TextFolder folder("sampler", {16, 512}, 400, 5);
+  TextDataset text(folder.path(), {16, 512});
+  ASSERT_GT(text.size(), 300);
+  const int64_t budget = 2048;
+  std::vector<LengthBucket> buckets;
+  for (int64_t bound : length_bucket_bounds({16, 512})) buckets.push_back({bound, budget / bound});
+  LengthBucketSampler sampler(text.lengths(), buckets, budget, 7);
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> seen(static_cast<size_t>(text.size()), 0);
+    int64_t tokens = 0;
+    int64_t padded = 0;
+    for (const TokenBatch& micro : sampler.epoch(epoch)) {
+      ASSERT_FALSE(micro.indices.empty());
+      int64_t longest = 0;
+      int64_t lo = INT64_MAX;
+      for (int64_t i : micro.indices) {
+        ++seen[static_cast<size_t>(i)];
+        longest = std::max(longest, text.lengths()[static_cast<size_t>(i)]);
+        lo = std::min(lo, text.lengths()[static_cast<size_t>(i)]);
+      }
+      const int64_t padded_here = static_cast<int64_t>(micro.indices.size()) * longest;
+      EXPECT_EQ(micro.padded_tokens, padded_here);
+      EXPECT_LE(padded_here, budget) << "never past the budget";
+      // Padding only within a bucket: every sample in the same bucket.
+      const auto bucket_of = [&](int64_t l) {
+        size_t k = 0;
+        while (buckets[k].max_length < l) ++k;
+        return k;
+      };
+      EXPECT_EQ(bucket_of(lo), bucket_of(longest));
+      const Batch batch = text.get_batch(micro.indices);
+      EXPECT_EQ(batch.input().numel(), padded_here);
+      tokens += micro.tokens;
+      padded += padded_here;
+    }
+    for (int count : seen) ASSERT_EQ(count, 1) << "each sample once per epoch";
+    EXPECT_LT(1.0 - static_cast<double>(tokens) / static_cast<double>(padded), 0.3)
+        << "buckets keep the padding low";
+  }
+  EXPECT_NE(sampler.epoch(0).front().indices, sampler.epoch(1).front().indices)
+      << "each epoch shuffled anew";
+  EXPECT_THROW(sampler.set_token_budget(100), Error) << "below the longest sample";
+}
+
+TEST(TokenTrainer, AnEpochOverLengths16To512UnderASmallBudgetRunsWithoutOutOfMemory) {
+  TextFolder folder("epoch", {16, 512}, 120, 9);
+  TextDataset text(folder.path(), {16, 512});
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 24 * kMiB);
+  Workload workload(WorkloadOptions()
+                        .model("gpt")
+                        .input_spec(parse_input_flags(InputFlags().inputs({"int64:16..512"}).vocab(256)))
+                        .gpt(GptOptions().layers(1).heads(2).width(32))
+                        .seed(1));
+  // A budget where the longest bucket's batch is small: 2 samples of 512.
+  Plan plan;
+  plan.token_budget = 1024;
+  for (int64_t bound : length_bucket_bounds({16, 512})) {
+    plan.length_buckets.push_back({bound, plan.token_budget / bound});
+  }
+  ASSERT_EQ(plan.length_buckets.back().micro_batch_size, 2);
+  plan.lr = 3e-3;
+  int64_t oom_events = 0;
+  const TrainSummary s = train_by_tokens(
+      workload, *memory, plan, text, TokenTrainOptions().epochs(1).target_tokens(2048).seed(2),
+      [&](const TrainEvent& e) { oom_events += e.kind == TrainEvent::Kind::kOomRecovery; });
+  EXPECT_EQ(s.oom_recoveries, 0);
+  EXPECT_EQ(oom_events, 0);
+  EXPECT_EQ(s.samples, text.size()) << "the whole epoch";
+  EXPECT_DOUBLE_EQ(s.epochs, 1.0);
+  int64_t tokens = 0;
+  for (int64_t l : text.lengths()) tokens += l;
+  EXPECT_EQ(s.tokens, tokens);
+  EXPECT_GE(s.padded_tokens, s.tokens);
+  EXPECT_LE(memory->peak_bytes(), memory->usable_bytes());
+  EXPECT_TRUE(std::isfinite(s.final_loss));
+  EXPECT_GT(s.tokens_per_s, 0);
+  EXPECT_EQ(s.token_budget, 1024);
+}
+
+TEST(TokenTrainer, OutOfMemoryShrinksTheBudgetAndKeepsTheTokensPerStep) {
+  TextFolder folder("oom", {16, 256}, 200, 4);
+  TextDataset text(folder.path(), {16, 256});
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  Workload workload(WorkloadOptions()
+                        .model("gpt")
+                        .input_spec(parse_input_flags(InputFlags().inputs({"int64:16..256"}).vocab(256)))
+                        .gpt(GptOptions().layers(1).heads(2).width(32))
+                        .seed(1));
+  Plan plan;
+  plan.token_budget = 4096;
+  for (int64_t bound : length_bucket_bounds({16, 256})) {
+    plan.length_buckets.push_back({bound, plan.token_budget / bound});
+  }
+  // Measure one step's peak at the full budget, then squeeze the budget
+  // below it mid-run.
+  const int64_t usable_before = memory->usable_bytes();
+  int64_t squeezed = 0;
+  const TrainSummary s = train_by_tokens(
+      workload, *memory, plan, text, TokenTrainOptions().epochs(1).target_tokens(4096),
+      {}, [&](int64_t step) {
+        if (step == 1) {
+          squeezed = memory->live_bytes() + (memory->peak_bytes() - memory->live_bytes()) * 2 / 3;
+          memory->set_usable_bytes(std::min(usable_before, squeezed));
+        }
+      });
+  memory->set_usable_bytes(usable_before);
+  EXPECT_GE(s.oom_recoveries, 1);
+  EXPECT_LT(s.token_budget, 4096);
+  EXPECT_EQ(s.samples, text.size()) << "the same samples, every one trained on";
+}
+
+}  // namespace
+}  // namespace batchtune
