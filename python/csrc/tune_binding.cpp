@@ -28,6 +28,7 @@
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial.h"
+#include "batchtune/tuning/plan_request.h"
 #include "batchtune/tuning/tune.h"
 #include "trial_subject.h"
 
@@ -151,27 +152,12 @@ void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel
   r.search_only = false;
   if (!r.complete || r.search.max_batch_size < 1) return;
   r.selection = {r.search.max_batch_size, "the largest batch that fits (no sweep)"};
-  const PlanRequest& request = options.plan();
-  std::string micro_reason =
-      fmt::format("micro-batch {}: {}", r.selection.batch_size, r.selection.reason);
-  if (r.rank_max_batch_size && *r.rank_max_batch_size != r.search.max_batch_size) {
-    micro_reason += fmt::format("; the largest batch is {} on this rank, {} on the smallest",
-                                *r.rank_max_batch_size, r.search.max_batch_size);
-  }
-  PlanOptions o;
-  o.micro_batch_size(r.selection.batch_size)
-      .world_size(data_parallel.world_size())
-      .target_batch(request.target_batch.value_or(0))
-      .base_lr(request.base_lr.value_or(1e-3))
-      .base_batch(request.base_batch.value_or(0))
-      .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
-      .warmup_steps(request.warmup_steps.value_or(-1))
-      .amp(r.amp)
-      .amp_reason(r.amp_reason)
-      .pin_memory(memory.device().is_cuda());
-  if (request.optimizer) o.optimizer(*request.optimizer);
-  Plan plan = make_plan(o);
-  plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  PlanRequest request = options.plan();
+  request.world_size = data_parallel.world_size();
+  const std::string micro_reason = micro_batch_reason(
+      r.selection.batch_size, r.selection.reason, r.rank_max_batch_size, r.search.max_batch_size);
+  const Plan plan = build_subject_plan(request, r.selection.batch_size, micro_reason,
+                                       {r.amp, r.amp_reason}, memory.device().is_cuda());
   r.plan = data_parallel.agree_plan(plan);
 }
 

@@ -125,4 +125,33 @@ Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
   return plan;
 }
 
+Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
+                        const std::string& micro_reason, const AmpChoice& amp, bool cuda) {
+  PlanOptions o;
+  o.micro_batch_size(micro_batch_size)
+      .world_size(request.world_size)
+      .target_batch(request.target_batch.value_or(0))
+      .base_lr(request.base_lr.value_or(1e-3))
+      .base_batch(request.base_batch.value_or(0))
+      .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
+      .warmup_steps(request.warmup_steps.value_or(-1))
+      .amp(amp.mode)
+      .amp_reason(amp.reason)
+      .pin_memory(cuda);
+  if (request.optimizer) o.optimizer(*request.optimizer);
+  Plan plan = make_plan(o);
+  plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  return plan;
+}
+
+std::string micro_batch_reason(int64_t micro_batch_size, const std::string& why,
+                               std::optional<int64_t> rank_max_batch, int64_t job_max_batch) {
+  std::string reason = fmt::format("micro-batch {}: {}", micro_batch_size, why);
+  if (rank_max_batch && *rank_max_batch != job_max_batch) {
+    reason += fmt::format("; the largest batch is {} on this rank, {} on the smallest",
+                          *rank_max_batch, job_max_batch);
+  }
+  return reason;
+}
+
 }  // namespace batchtune

@@ -405,12 +405,8 @@ class Pipeline {
     request.micro_batch_size.reset();
     request.plan_file.clear();
     if (options_.data_parallel() != nullptr) request.world_size = options_.data_parallel()->world_size();
-    std::string micro_reason =
-        fmt::format("micro-batch {}: {}", r.selection.batch_size, r.selection.reason);
-    if (own_max_batch_ && *own_max_batch_ != r.search.max_batch_size) {
-      micro_reason += fmt::format("; the largest batch is {} on this rank, {} on the smallest",
-                                  *own_max_batch_, r.search.max_batch_size);
-    }
+    const std::string micro_reason = micro_batch_reason(
+        r.selection.batch_size, r.selection.reason, own_max_batch_, r.search.max_batch_size);
     const AmpChoice amp{r.amp, r.amp_reason};
     Plan plan;
     if (workload_ != nullptr) {
@@ -419,21 +415,10 @@ class Pipeline {
       plan = build_plan(planned, r.selection.batch_size, micro_reason, amp, *workload_,
                         runner_.memory());
     } else {
-      PlanOptions o;
-      o.micro_batch_size(r.selection.batch_size)
-          .world_size(request.world_size)
-          .target_batch(goodput_global_batch_ > 0 ? goodput_global_batch_
-                                                  : request.target_batch.value_or(0))
-          .base_lr(request.base_lr.value_or(1e-3))
-          .base_batch(request.base_batch.value_or(0))
-          .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
-          .warmup_steps(request.warmup_steps.value_or(-1))
-          .amp(amp.mode)
-          .amp_reason(amp.reason)
-          .pin_memory(runner_.memory().device().is_cuda());
-      if (request.optimizer) o.optimizer(*request.optimizer);
-      plan = make_plan(o);
-      plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+      PlanRequest planned = request;
+      if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
+      plan = build_subject_plan(planned, r.selection.batch_size, micro_reason, amp,
+                                runner_.memory().device().is_cuda());
     }
     if (goodput_global_batch_ > 0) {
       plan.set_reason(PlanField::kGlobalBatch,

@@ -58,4 +58,16 @@ Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
                 const std::string& micro_reason, const AmpChoice& amp, const Workload& workload,
                 const DeviceMemory& memory);
 
+/// The same for a trial subject without a `Workload` (the Python package's):
+/// no plan file and no workload record; the optimizer's kind is the
+/// request's `optimizer`, the world size its `world_size`, and staging memory
+/// pinned on CUDA (`cuda`).
+Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
+                        const std::string& micro_reason, const AmpChoice& amp, bool cuda);
+
+/// Why the micro-batch is `micro_batch_size`: `why`, and, when this rank
+/// fits more than the job's smallest (`rank_max_batch`), both figures.
+std::string micro_batch_reason(int64_t micro_batch_size, const std::string& why,
+                               std::optional<int64_t> rank_max_batch, int64_t job_max_batch);
+
 }  // namespace batchtune
