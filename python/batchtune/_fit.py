@@ -2,7 +2,6 @@
 batch exactly, and the one-line error for a missing optional package."""
 from __future__ import annotations
 
-import re
 from typing import Optional, Tuple
 
 # A micro-batch below the chosen one is taken to reach the target exactly only
@@ -37,14 +36,3 @@ def missing(integration: str, package: str, pip_name: str, error: ImportError) -
     """The one-line error of an integration whose package is not installed."""
     return ImportError(f"{integration} needs {package}, which is not installed "
                        f"({error}); pip install {pip_name}")
-
-
-# The CLI flags that plan reasons name, as the Python arguments.
-_PYTHON_NAMES = {"--base-lr": "base_lr", "--base-batch": "base_batch", "--target-batch": "target_batch",
-                 "--lr-scaling": "lr_scaling", "--warmup": "warmup_steps", "--batch-size": "batch size"}
-
-
-def python_names(reason: str) -> str:
-    """A plan reason with the CLI's flags (`--base-lr`) named as the Python
-    arguments (`base_lr`)."""
-    return re.sub(r"--[a-z][a-z-]*", lambda m: _PYTHON_NAMES.get(m.group(0), m.group(0)), reason)

@@ -39,13 +39,21 @@ def parse_limit(limit: MemoryLimit) -> Optional[int]:
     return int(limit)
 
 
-def python_names(error: Exception) -> Exception:
-    """The C++ core's message with its CLI flags (`--memory-limit`) named as
-    the Python arguments (`memory_limit`)."""
+# The CLI flags whose Python argument has another name.
+_RENAMED_FLAGS = {"--warmup": "warmup_steps"}
+
+
+def python_text(text: str) -> str:
+    """The C++ core's text (an error, a plan reason) with its CLI flags
+    (`--memory-limit`) named as the Python arguments (`memory_limit`)."""
     text = re.sub(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)",
-                  lambda m: m.group(1).replace("-", "_"), str(error))
-    text = text.replace("give a larger limit", "give a larger memory_limit")
-    return type(error)(text)
+                  lambda m: _RENAMED_FLAGS.get(m.group(0), m.group(1).replace("-", "_")), text)
+    return text.replace("give a larger limit", "give a larger memory_limit")
+
+
+def python_names(error: Exception) -> Exception:
+    """The C++ core's error, its message in `python_text`'s names."""
+    return type(error)(python_text(str(error)))
 
 
 def device_memory(device: torch.device, limit: MemoryLimit) -> "_core.DeviceMemory":

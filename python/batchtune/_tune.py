@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from . import _core, _distributed
-from ._memory import (MemoryLimit, device_memory, python_names, resolve_device, restored_budget,
-                      uncounted_bytes)
+from ._memory import (MemoryLimit, device_memory, python_names, python_text, resolve_device,
+                      restored_budget, uncounted_bytes)
 from ._step import LossFn
 from ._trial import MakeBatch, Runner, Subject
 from .plan import Plan, optimizer_kind
@@ -345,6 +345,10 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
                 written = report
     document = json.loads(core.to_json())
     plan = Plan(**json.loads(core.plan_json)) if core.plan_json is not None else None
+    if plan is not None:
+        # Python's names for the flags, in the plan and in its JSON alike.
+        plan.reasons = [python_text(reason) for reason in plan.reasons]
+        document["plan"]["reasons"] = list(plan.reasons)
     return TuneResult(
         max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
         plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],

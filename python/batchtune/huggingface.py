@@ -38,7 +38,8 @@ from typing import Any, Callable, Optional, Tuple, Union
 import torch
 
 from . import _core
-from ._fit import micro_for_target, missing, python_names
+from ._fit import micro_for_target, missing
+from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
 from .plan import Plan, optimizer_kind
@@ -233,7 +234,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
     if result.plan is not None:
         plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
         head += [r for r in result.plan.reasons if r.startswith("amp")]
-    plan.reasons = [python_names(r) for r in head + plan.reasons]
+    plan.reasons = [python_text(r) for r in head + plan.reasons]
 
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,

@@ -28,7 +28,8 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import _core
-from ._fit import micro_for_target, missing, python_names
+from ._fit import micro_for_target, missing
+from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
 from .plan import Plan, optimizer_kind
@@ -326,7 +327,7 @@ class BatchTune(Callback):
             if result.plan is not None:  # tune's amp reason says how it was chosen
                 plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
                 head += [r for r in result.plan.reasons if r.startswith("amp")]
-            plan.reasons = [python_names(r) for r in head + plan.reasons]
+            plan.reasons = [python_text(r) for r in head + plan.reasons]
         return trainer.strategy.broadcast(plan, src=0)
 
     # -- applying the plan -------------------------------------------------

@@ -141,6 +141,10 @@ Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
   if (request.optimizer) o.optimizer(*request.optimizer);
   Plan plan = make_plan(o);
   plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  // The caller feeds its own batches (a Python DataLoader): nothing here
+  // timed worker counts, and no --data flag would.
+  set_pipeline_reason(plan, "the defaults, not timed: the batches came from the caller's own "
+                            "loader");
   return plan;
 }
 

@@ -144,6 +144,7 @@ def test_sweep_false_plans_the_largest_batch_and_no_fit_names_python_arguments()
     assert r.sweep == [] and r.chosen_batch_size == r.max_batch_size == r.plan.micro_batch_size
     assert "no sweep" in r.reason
     assert r.plan.lr_scaling == "linear"  # SGD's default
+    assert not any("--" in reason for reason in r.plan.reasons), r.plan.reasons  # no CLI flags
     with pytest.raises(batchtune.Error) as e:
         batchtune.tune(model, optimizer, classify_loss, image_batch((3, 512, 512)),
                        memory_limit="2MiB", report=None, amp="off", margin=0)
