@@ -188,10 +188,13 @@ TEST(Cli, TuneSearchOnlyFindsAMaximumThatProbeConfirms) {
   for (const auto& t : j["trials"]) {
     EXPECT_TRUE(t.contains("batch_size") && t.contains("fits") && t.contains("peak_bytes"));
   }
-  const auto at_max = run_cli("probe " + workload + " --batch-size " + std::to_string(max) +
-                              " --json -");
+  // The probe runs the step the search measured: at the precision the
+  // tune resolved (amp auto picks bf16 here when this CPU times it faster).
+  const std::string amp = " --amp " + j["amp"].get<std::string>();
+  const auto at_max = run_cli("probe " + workload + amp + " --batch-size " +
+                              std::to_string(max) + " --json -");
   EXPECT_TRUE(nlohmann::json::parse(at_max.output)["fits"].get<bool>()) << at_max.output;
-  const auto above = run_cli("probe " + workload + " --batch-size " +
+  const auto above = run_cli("probe " + workload + amp + " --batch-size " +
                              std::to_string(static_cast<int64_t>(max * 1.05 + 1)) + " --json -");
   EXPECT_FALSE(nlohmann::json::parse(above.output)["fits"].get<bool>()) << above.output;
 }
