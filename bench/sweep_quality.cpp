@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
         [&](int64_t b) { return runner.run(TrialOptions().batch_size(b).steps(1).warmup_steps(1)); },
         SearchOptions());
     const auto rows = run_sweep([&](const TrialOptions& o) { return runner.run(o); },
-                                sweep_grid(search.max_batch_size), search.trials);
+                                sweep_grid(search.max_batch_size), search.trials).rows;
     const Selection chosen = select_batch(rows, Objective::kThroughput);
     const double tune_seconds = seconds_since(start);
 

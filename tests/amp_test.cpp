@@ -26,12 +26,35 @@ TEST(Amp, GuardTurnsAutocastOnAndRestoresItNested) {
   EXPECT_EQ(at::mm(a, a).scalar_type(), at::kFloat);
 }
 
-TEST(Amp, CpuChoiceFollowsTheMeasurement) {
-  EXPECT_EQ(choose_cpu_amp(10.0, 120.0).mode, AmpMode::kOff);  // 12x slower: off
-  EXPECT_NE(choose_cpu_amp(10.0, 120.0).reason.find("slower"), std::string::npos);
-  EXPECT_EQ(choose_cpu_amp(10.0, 9.5).mode, AmpMode::kOff);    // below the 10 % bar
-  EXPECT_EQ(choose_cpu_amp(10.0, 5.0).mode, AmpMode::kBf16);
-  EXPECT_EQ(choose_cpu_amp(10.0, std::nullopt).mode, AmpMode::kOff);
+TEST(Amp, CpuChoiceDecidesOnlyAtTheStatedConfidence) {
+  // 12x slower in every one of six rounds: off, at 96.9 % ([min, max] of six).
+  const AmpChoice slow = choose_cpu_amp(std::vector<double>(6, 1.0 / 12), 32);
+  EXPECT_EQ(slow.mode, AmpMode::kOff);
+  ASSERT_TRUE(slow.confidence.has_value());
+  EXPECT_NEAR(*slow.confidence, 1 - 2.0 / 64, 1e-9);
+  EXPECT_NE(slow.reason.find("0.08x"), std::string::npos) << slow.reason;
+  // 2x faster every round: bf16.
+  const AmpChoice fast = choose_cpu_amp({2.0, 2.1, 1.9, 2.0, 2.2, 1.95}, 32);
+  EXPECT_EQ(fast.mode, AmpMode::kBf16);
+  EXPECT_TRUE(fast.confidence.has_value());
+  EXPECT_NE(fast.reason.find("amp bf16"), std::string::npos) << fast.reason;
+  // Five rounds cannot reach 95 % even when they agree: inconclusive, fp32 kept.
+  const AmpChoice few = choose_cpu_amp({2.0, 2.1, 1.9, 2.0, 2.2}, 32);
+  EXPECT_EQ(few.mode, AmpMode::kOff);
+  EXPECT_FALSE(few.confidence.has_value());
+  EXPECT_NE(few.reason.find("inconclusive, kept fp32"), std::string::npos) << few.reason;
+  // Rounds on both sides of the 1.10x bar: inconclusive.
+  const AmpChoice mixed = choose_cpu_amp({0.9, 1.3, 1.0, 1.2, 1.05, 1.4, 0.95}, 32);
+  EXPECT_EQ(mixed.mode, AmpMode::kOff);
+  EXPECT_FALSE(mixed.confidence.has_value());
+  // Faster, but not by the 10 % bar, in every round: off, and it says faster.
+  const AmpChoice marginal = choose_cpu_amp(std::vector<double>(8, 1.04), 16);
+  EXPECT_EQ(marginal.mode, AmpMode::kOff);
+  EXPECT_TRUE(marginal.confidence.has_value());
+  EXPECT_NE(marginal.reason.find("1.04x"), std::string::npos) << marginal.reason;
+  EXPECT_EQ(marginal.reason.find("slower"), std::string::npos) << marginal.reason;
+  // bf16 that did not fit where fp32 did.
+  EXPECT_EQ(choose_cpu_amp({}, 8, /*bf16_fits=*/false).mode, AmpMode::kOff);
 }
 
 TEST(Amp, CudaChoiceFollowsComputeCapability) {

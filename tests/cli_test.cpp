@@ -235,7 +235,7 @@ TEST(Cli, VersionMistypedFlagsAndProbesOldWarmupSpelling) {
   EXPECT_NE(typo.output.find("did you mean --warmup-steps?"), std::string::npos) << typo.output;
   EXPECT_NE(typo.output.find("batchtune probe --help"), std::string::npos) << typo.output;
   const auto old = run_cli("probe --model mlp --input 1x8x8 --device cpu --memory-limit 64MiB "
-                           "--batch-size 2 --steps 1 --warmup 2 --json -");
+                           "--batch-size 2 --steps 1 --warmup 2 --min-time 0 --json -");
   ASSERT_EQ(old.exit_code, 0) << old.output;
   EXPECT_NE(old.output.find("--warmup-steps"), std::string::npos) << old.output;
   const auto j = nlohmann::json::parse(old.output.substr(old.output.find("\n{") + 1));

@@ -62,9 +62,11 @@ TEST(Search, PredictOnALinearCurve) {
   EXPECT_EQ(r.max_batch_size, 900);
   EXPECT_EQ(r.max_batch_size, true_max(device, 2000));
   // 2 and 16 for the line, 128 to scout, 900 predicted; the line through
-  // 128 and 900 says nothing larger fits, so no trial is spent confirming it.
-  EXPECT_EQ(r.trials.size(), 4u) << describe(r);
-  EXPECT_EQ(r.steps, 8);
+  // 128 and 900 says nothing larger fits; 900 once more to confirm it.
+  EXPECT_EQ(r.trials.size(), 5u) << describe(r);
+  EXPECT_EQ(r.trials.back().batch_size, 900);
+  EXPECT_TRUE(r.confirmed);
+  EXPECT_EQ(r.steps, 10);
   EXPECT_FALSE(r.smallest_failure.has_value());
   EXPECT_NE(r.stop_reason.find("within 2 %"), std::string::npos) << r.stop_reason;
 }
@@ -76,7 +78,7 @@ TEST(Search, BaselinesOnALinearCurve) {
   EXPECT_EQ(power.trials.size(), 10u);   // 2, 4, ..., 1024
   const SearchResult bins = run(device, SearchStrategy::kBinsearch);
   EXPECT_EQ(bins.max_batch_size, 900);
-  EXPECT_EQ(bins.trials.size(), 19u);  // 10 doublings, 9 bisections
+  EXPECT_EQ(bins.trials.size(), 20u);  // 10 doublings, 9 bisections, 1 confirmation
   const SearchResult backoff = run(device, SearchStrategy::kBackoff);
   EXPECT_EQ(backoff.max_batch_size, 128);  // fits at once: never learns there is more
   EXPECT_EQ(backoff.trials.size(), 1u);
@@ -93,8 +95,8 @@ TEST(Search, PredictWithinToleranceOnAStepCurve) {
   EXPECT_EQ(r.max_batch_size, 261) << describe(r);
   EXPECT_EQ(truth, 266);
   // 2 16 128, 273 predicted fails, bisect to 200; the line through 200 and
-  // 261 puts the limit within 2 % of 261.
-  EXPECT_EQ(r.trials.size(), 6u) << describe(r);
+  // 261 puts the limit within 2 % of 261; 261 confirmed.
+  EXPECT_EQ(r.trials.size(), 7u) << describe(r);
 }
 
 TEST(Search, PredictOnANoisyCurve) {
@@ -107,7 +109,7 @@ TEST(Search, PredictOnANoisyCurve) {
   const SearchResult r = run(device, SearchStrategy::kPredict);
   EXPECT_GE(r.max_batch_size, truth / 1.02);
   EXPECT_LE(r.max_batch_size, truth);
-  EXPECT_EQ(r.trials.size(), 4u) << describe(r);
+  EXPECT_EQ(r.trials.size(), 5u) << describe(r);  // 4 and the confirmation
 }
 
 TEST(Search, PredictOnACurveWithACliff) {
@@ -118,8 +120,56 @@ TEST(Search, PredictOnACurveWithACliff) {
   const SearchResult r = run(device, SearchStrategy::kPredict);
   EXPECT_EQ(r.max_batch_size, 400);
   // The line from below the cliff predicts 900: bisection finds the cliff,
-  // and the line past it (343, 400) the limit.
-  EXPECT_EQ(r.trials.size(), 8u) << describe(r);
+  // and the line past it (343, 400) the limit; then 400 confirmed.
+  EXPECT_EQ(r.trials.size(), 9u) << describe(r);
+}
+
+TEST(Search, AnAnswerThatNoLongerFitsWhenConfirmedReopensTheSearchBelowIt) {
+  // Every trial leaves 10 MiB behind (caches, workspaces): the limit creeps
+  // down while the search runs, as on a real device.
+  int trials = 0;
+  const TrialFunction device = [&](int64_t b) {
+    const double leftover = 10.0 * trials++;
+    return fake_device([&](int64_t n) { return 100 + 1.0 * n + leftover; })(b);
+  };
+  const SearchResult r = search_max_batch(device, SearchOptions());
+  ASSERT_GE(r.trials.size(), 2U);
+  const auto& last = r.trials.back();
+  EXPECT_TRUE(last.fits) << describe(r);
+  EXPECT_EQ(last.batch_size, r.max_batch_size) << describe(r);
+  EXPECT_TRUE(r.confirmed) << describe(r);
+  // The answer fits with everything the search left behind.
+  EXPECT_LE(100 + r.max_batch_size + 10 * (trials - 1), 1000) << describe(r);
+  EXPECT_NE(r.stop_reason.find("confirmed"), std::string::npos) << r.stop_reason;
+  // The first answer failed its confirmation and the search went on below it.
+  bool reopened = false;
+  for (size_t i = 0; i < r.trials.size(); ++i) {
+    for (size_t j = i + 1; j < r.trials.size(); ++j) {
+      reopened |= r.trials[i].fits && !r.trials[j].fits &&
+                  r.trials[i].batch_size == r.trials[j].batch_size;
+    }
+  }
+  EXPECT_TRUE(reopened) << describe(r);
+  // Without confirmation the search returns that first, larger answer.
+  trials = 0;
+  const SearchResult unconfirmed = search_max_batch(device, SearchOptions().confirm(false));
+  EXPECT_GT(unconfirmed.max_batch_size, r.max_batch_size) << describe(unconfirmed);
+}
+
+TEST(Search, OneFitAndAFailureAboveItBisectsNotOneByOne) {
+  // 2 fits and 16 fails: the limit (9) is found by halving the bracket, not
+  // by trying 15, 14, 13, ... (the text:DIR report: seven failures in a row).
+  const auto device = fake_device([](int64_t b) { return 100 * static_cast<double>(b) + 100; });
+  const SearchResult r = search_max_batch(device, SearchOptions().tolerance(0));
+  EXPECT_EQ(r.max_batch_size, 9) << describe(r);
+  int failures_in_a_row = 0;
+  int worst = 0;
+  for (const auto& t : r.trials) {
+    failures_in_a_row = t.fits ? 0 : failures_in_a_row + 1;
+    worst = std::max(worst, failures_in_a_row);
+  }
+  EXPECT_LE(worst, 2) << describe(r);
+  EXPECT_LE(r.trials.size(), 7U) << describe(r);
 }
 
 TEST(Search, LimitBelowBatchSizeOne) {

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <map>
+
 #include "batchtune/common/error.h"
+#include "fake_clock.h"
 
 namespace {
 
@@ -47,7 +51,7 @@ TEST(Sweep, Diagnoses) {
             "small-batch-bound");
   const auto flat = rows({{32, 900}, {64, 1000}, {128, 1001}});
   EXPECT_EQ(diagnose(flat, select_batch(flat, Objective::kThroughput)).kind, "compute-bound");
-  const auto waiting = rows({{32, 900}, {64, 1000}}, 0.8);
+  const auto waiting = rows({{16, 600}, {32, 900}, {64, 1000}}, 0.8);
   const Diagnosis d = diagnose(waiting, select_batch(waiting, Objective::kThroughput));
   EXPECT_EQ(d.kind, "input-bound");
   EXPECT_NE(d.text.find("20 %"), std::string::npos) << d.text;
@@ -55,26 +59,142 @@ TEST(Sweep, Diagnoses) {
   EXPECT_EQ(diagnose(tiny, select_batch(tiny, Objective::kThroughput)).kind, "memory-bound");
 }
 
-TEST(Sweep, RetimesNoisyTrialsAndSkipsFailures) {
-  std::vector<int64_t> asked;
-  const auto trial = [&](const TrialOptions& o) {
-    asked.push_back(o.batch_size());
+/// A row measured as `n` readings spread ±`half` around `sps` samples/s.
+SweepRow measured(int64_t batch, double sps, double half, int n = 20) {
+  std::vector<double> readings;
+  for (int i = 0; i < n; ++i) readings.push_back(sps * (1 - half + 2 * half * i / (n - 1)));
+  SweepRow r;
+  r.batch_size = batch;
+  r.samples_per_s_ci = estimate_median(readings);
+  r.samples_per_s = r.samples_per_s_ci.median;
+  r.noisy = r.samples_per_s_ci.noisy();
+  r.busy = 1;
+  return r;
+}
+
+TEST(Sweep, AChoiceTheIntervalsSettleStatesItsConfidence) {
+  // Narrow intervals, far apart: conclusive.
+  const std::vector<SweepRow> clear = {measured(16, 500, 0.01), measured(32, 900, 0.01),
+                                       measured(64, 1000, 0.01)};
+  const Selection s = select_batch(clear, Objective::kThroughput, 0.02);
+  EXPECT_EQ(s.batch_size, 64);
+  ASSERT_TRUE(s.confidence.has_value());
+  EXPECT_GE(*s.confidence, kConfidenceLevel);
+  EXPECT_TRUE(s.contenders.empty());
+  EXPECT_NE(s.reason.find("confidence"), std::string::npos) << s.reason;
+}
+
+TEST(Sweep, OverlappingIntervalsLeaveTheChoiceInconclusive) {
+  // 32 is 3 % slower by its median, but its ±10 % interval reaches the band.
+  const std::vector<SweepRow> close = {measured(16, 500, 0.01), measured(32, 970, 0.10),
+                                       measured(64, 1000, 0.01)};
+  const Selection s = select_batch(close, Objective::kThroughput, 0.02);
+  EXPECT_EQ(s.batch_size, 64) << "the medians still choose";
+  EXPECT_FALSE(s.confidence.has_value());
+  EXPECT_EQ(s.contenders, (std::vector<int64_t>{32}));
+  EXPECT_NE(s.reason.find("inconclusive"), std::string::npos) << s.reason;
+  EXPECT_EQ(s.reason.find("no smaller batch comes within"), std::string::npos) << s.reason;
+}
+
+TEST(Sweep, NoDiagnosisOfSpeedFromFewOrNoisyRows) {
+  const auto two = rows({{32, 500}, {64, 800}});
+  EXPECT_EQ(diagnose(two, select_batch(two, Objective::kThroughput)).kind, "inconclusive");
+  std::vector<SweepRow> noisy = {measured(8, 100, 0.01), measured(16, 300, 0.5),
+                                 measured(32, 400, 0.01), measured(64, 900, 0.01)};
+  const Diagnosis d = diagnose(noisy, select_batch(noisy, Objective::kThroughput));
+  EXPECT_EQ(d.kind, "small-batch-bound") << "one noisy row among four steady ones: "
+                                         << d.text;
+  noisy[3] = measured(64, 900, 0.5);  // the largest row itself is noisy
+  const Diagnosis unsure = diagnose(noisy, select_batch(noisy, Objective::kThroughput));
+  EXPECT_EQ(unsure.kind, "inconclusive");
+  EXPECT_NE(unsure.text.find("16, 64"), std::string::npos) << unsure.text;
+  // Memory is read from the search, not from speed: said with one row too.
+  EXPECT_EQ(diagnose(rows({{2, 10}}), select_batch(rows({{2, 10}}), Objective::kThroughput)).kind,
+            "memory-bound");
+}
+
+/// A trial on a fake clock: each step takes `ms(batch)` of it; the options'
+/// calibration (warm-up, minimum time, slice) is honoured as the runner would.
+struct FakeTimedTrial {
+  batchtune::testing::FakeClock& clock;
+  std::function<double(int64_t)> ms;
+  std::vector<TrialOptions> asked;
+  std::map<int64_t, std::vector<int64_t>> timed_steps;  // per batch, per trial
+
+  TrialResult operator()(const TrialOptions& o) {
+    asked.push_back(o);
+    const double start = clock.now_s();
     TrialResult t;
     t.batch_size = o.batch_size();
-    t.fits = o.batch_size() <= 8;
-    t.steps_run = o.steps() + o.warmup_steps();
-    // Noisy with few steps, steady with many.
-    t.step_ms_spread = o.steps() >= 10 ? 0.01 : 0.30;
-    t.step_ms = 10;
-    t.samples_per_s = o.batch_size() * 100.0;
+    t.fits = o.batch_size() <= 64;
+    const double step_s = ms(o.batch_size()) / 1e3;
+    for (int64_t i = 0; i < o.warmup_steps(); ++i) clock.advance(step_s);
+    double timed = 0;
+    while (true) {
+      const auto n = static_cast<int64_t>(t.step_seconds.size());
+      if (n >= 1 && clock.now_s() - start + step_s > o.max_time_s()) break;
+      if (n >= o.steps() && timed >= o.min_time_s()) break;
+      // Alternately 5 % fast and slow: an interval of about ±5 %.
+      const double s = step_s * (n % 2 == 0 ? 0.95 : 1.05);
+      clock.advance(s);
+      timed += s;
+      t.step_seconds.push_back(s);
+      t.wait_seconds.push_back(0);
+    }
+    t.steps_run = o.warmup_steps() + static_cast<int64_t>(t.step_seconds.size());
+    if (!t.fits) t.step_seconds.clear();
+    timed_steps[o.batch_size()].push_back(static_cast<int64_t>(t.step_seconds.size()));
+    summarize_steps(t);
     return t;
-  };
-  const auto r = run_sweep(trial, {4, 8, 16});
-  ASSERT_EQ(r.size(), 2u);
-  EXPECT_EQ(r[0].batch_size, 4);
-  EXPECT_DOUBLE_EQ(r[0].samples_per_s_spread, 0.01);
-  EXPECT_EQ(r[0].steps, kSweepTimedSteps + kSweepWarmupSteps + kSweepMaxSteps);
-  EXPECT_EQ(asked, (std::vector<int64_t>{4, 4, 8, 8, 16}));
+  }
+};
+
+TEST(Sweep, EveryTrialFitsItsSliceAndTheSweepItsDeadline) {
+  batchtune::testing::FakeClock clock;
+  FakeTimedTrial fake{clock, [](int64_t b) { return 2.0 + 0.5 * static_cast<double>(b); }, {}, {}};
+  SweepOptions options;
+  options.clock = &clock;
+  options.deadline_s = 3;  // far less than 1 s per size
+  const auto grid = std::vector<int64_t>{64, 1, 2, 4, 8, 16, 32, 128};
+  const SweepOutcome r = run_sweep(std::ref(fake), grid, {}, options);
+  EXPECT_LE(clock.now_s(), options.deadline_s * 1.05) << "within the deadline, give or take a step";
+  ASSERT_FALSE(fake.asked.empty());
+  for (const auto& o : fake.asked) {
+    EXPECT_LE(o.max_time_s(), options.deadline_s);
+    EXPECT_GT(o.min_time_s(), 0) << "calibrated, not a fixed count";
+  }
+  // 128 did not fit: left out of the rows.
+  for (const auto& row : r.rows) EXPECT_LE(row.batch_size, 64);
+  EXPECT_FALSE(r.rows.empty());
+  for (const auto& row : r.rows) EXPECT_GT(row.samples_per_s_ci.n, 0) << row.batch_size;
+}
+
+TEST(Sweep, ReMeasuresTheContendersInterleavedAndPoolsTheirSteps) {
+  batchtune::testing::FakeClock clock;
+  // Throughput flat from 16 on (step time proportional to the batch): 16, 32
+  // and 64 are within the 2 % band by their medians but their ±5 % readings
+  // cannot tell them apart.
+  FakeTimedTrial fake{clock,
+                      [](int64_t b) {
+                        return static_cast<double>(b) * (b == 16 ? 1.01 : b == 32 ? 1.0 : 0.99);
+                      },
+                      {},
+                      {}};
+  SweepOptions options;
+  options.clock = &clock;
+  options.deadline_s = 60;
+  const SweepOutcome r = run_sweep(std::ref(fake), {64, 16, 32}, {}, options);
+  EXPECT_GT(r.remeasure_rounds, 0);
+  EXPECT_GT(fake.asked.size(), 3U) << "some sizes were timed again";
+  ASSERT_EQ(r.rows.size(), 3U);
+  // Pooled: the chosen row's interval rests on the steps of all its trials.
+  const std::vector<int64_t>& trials = fake.timed_steps[16];
+  ASSERT_GT(trials.size(), 1U);
+  int64_t pooled = 0;
+  for (int64_t n : trials) pooled += n;
+  EXPECT_EQ(r.rows[0].batch_size, 16);
+  EXPECT_EQ(r.rows[0].samples_per_s_ci.n, pooled);
+  EXPECT_LE(clock.now_s(), options.deadline_s * 1.05);
 }
 
 TEST(Sweep, ReusesSearchTrialsTimedWellEnough) {
@@ -93,9 +213,11 @@ TEST(Sweep, ReusesSearchTrialsTimedWellEnough) {
     t.samples_per_s = 1;
     return t;
   };
-  const auto r = run_sweep(trial, {4, 8}, {searched});
+  searched.step_ms_ci = estimate_median(std::vector<double>(kSweepTimedSteps, 10.0));
+  const auto r = run_sweep(trial, {4, 8}, {searched}, SweepOptions{});
   EXPECT_EQ(calls, 1);
-  EXPECT_DOUBLE_EQ(r[1].samples_per_s, 800);
+  ASSERT_EQ(r.rows.size(), 2U);
+  EXPECT_DOUBLE_EQ(r.rows[1].samples_per_s, 800);
 }
 
 TEST(Sweep, BadObjectiveOrToleranceIsAUserError) {
@@ -106,19 +228,6 @@ TEST(Sweep, BadObjectiveOrToleranceIsAUserError) {
 }  // namespace
 
 namespace {
-
-TEST(Sweep, GrowsTheStepsOfFastTrialsLikeGoogleBenchmark) {
-  using namespace batchtune;
-  TrialResult fast;
-  fast.step_seconds = std::vector<double>(5, 0.001);  // 5 ms in all
-  EXPECT_EQ(steps_needed(fast), 1400);                  // 5 * 1.0 / 0.005 * 1.4
-  fast.step_seconds = std::vector<double>(5, 0.00001);
-  EXPECT_EQ(steps_needed(fast), kSweepMaxAutoSteps);
-  TrialResult slow;
-  slow.step_seconds = std::vector<double>(5, 0.25);
-  EXPECT_EQ(steps_needed(slow), 5);
-  EXPECT_EQ(steps_needed(TrialResult{}), 0);
-}
 
 TEST(Trial, RecognisesSizesThatDoNotRun) {
   using namespace batchtune;

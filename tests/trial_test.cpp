@@ -10,6 +10,7 @@
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
 #include "batchtune/step/workload.h"
+#include "fake_clock.h"
 #include "test_helpers.h"
 
 namespace {
@@ -192,6 +193,86 @@ TEST(TrialRunner, ANonFiniteLossIsAnErrorNotASizeLimit) {
   }
   expect_identical(f.workload.model().parameters(), params);
   EXPECT_TRUE(runner.run(TrialOptions().batch_size(4)).fits);
+}
+
+}  // namespace
+
+namespace {
+
+using namespace batchtune;
+
+/// A subject whose steps take scripted times on a fake clock: the first
+/// ones slow (kernels being built), then steady.
+class ScriptedSubject final : public TrialSubject {
+ public:
+  ScriptedSubject(batchtune::testing::FakeClock& clock, std::vector<double> first_ms, double steady_ms)
+      : clock_(clock), first_ms_(std::move(first_ms)), steady_ms_(steady_ms) {}
+  std::string describe() const override { return "scripted"; }
+  void save() override {}
+  void prepare(int64_t) override {}
+  at::Tensor step() override {
+    const double ms = steps < first_ms_.size() ? first_ms_[steps] : steady_ms_;
+    ++steps;
+    clock_.advance(ms / 1e3);
+    return at::ones({});
+  }
+  void restore() override {}
+  size_t steps = 0;
+
+ private:
+  batchtune::testing::FakeClock& clock_;
+  std::vector<double> first_ms_;
+  double steady_ms_;
+};
+
+TEST(TrialRunner, WarmsUpUntilTheStepTimeSettlesThenFillsTheMinimumTime) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  batchtune::testing::FakeClock clock;
+  ScriptedSubject subject(clock, {400, 200, 100, 20}, 10);
+  TrialRunner runner(subject, *memory);
+  runner.set_clock(clock);
+  const TrialResult r = runner.run(
+      TrialOptions().batch_size(8).steps(5).warmup_steps(1).max_warmup_steps(10).min_time_s(0.5));
+  ASSERT_TRUE(r.fits) << r.error;
+  // 400, 200, 100, 20, 10 each fall by more than 10 %; the sixth step (10
+  // after 10) is the first that has settled.
+  EXPECT_EQ(r.warmup_steps_run, 6);
+  EXPECT_NEAR(static_cast<double>(r.step_seconds.size()), 50, 1) << "0.5 s of 10 ms steps";
+  EXPECT_NEAR(r.step_ms, 10, 1e-9);
+  EXPECT_NEAR(r.step_ms_ci.low, 10, 1e-9);
+  EXPECT_NEAR(r.step_ms_ci.high, 10, 1e-9);
+  EXPECT_GE(r.step_ms_ci.level, kConfidenceLevel);
+  EXPECT_NEAR(r.samples_per_s_ci.median, 800, 1e-6);
+  EXPECT_FALSE(r.noisy);
+}
+
+TEST(TrialRunner, NeverRunsPastItsSliceBeyondTheMinimumMeasurement) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  batchtune::testing::FakeClock clock;
+  ScriptedSubject subject(clock, {}, 100);
+  TrialRunner runner(subject, *memory);
+  runner.set_clock(clock);
+  const TrialResult r = runner.run(TrialOptions()
+                                       .batch_size(8)
+                                       .steps(5)
+                                       .warmup_steps(1)
+                                       .max_warmup_steps(10)
+                                       .min_time_s(1)
+                                       .max_time_s(0.35));
+  ASSERT_TRUE(r.fits);
+  EXPECT_LE(clock.now_s(), 0.35 + 1e-9) << "no step that would end past the slice";
+  EXPECT_EQ(r.warmup_steps_run, 1) << "settling warm-up keeps to half the slice";
+  EXPECT_EQ(r.step_seconds.size(), 2U);
+  // A slice shorter than one step still measures: the warm-up and one timed step.
+  batchtune::testing::FakeClock other;
+  ScriptedSubject slow(other, {}, 100);
+  TrialRunner tight(slow, *memory);
+  tight.set_clock(other);
+  const TrialResult minimum =
+      tight.run(TrialOptions().batch_size(8).steps(5).min_time_s(1).max_time_s(0.01));
+  EXPECT_EQ(minimum.step_seconds.size(), 1U);
+  EXPECT_EQ(minimum.steps_run, 2);
+  EXPECT_TRUE(minimum.noisy) << "one reading is no interval";
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "batchtune/reports/json_reporter.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial.h"
+#include "batchtune/tuning/sweep.h"
 #include "commands.h"
 #include "workload_flags.h"
 
@@ -17,12 +18,15 @@ namespace {
 
 // Timed or untimed steps of one probe at most: a million steps is hours.
 constexpr int64_t kMaxProbeSteps = 1000000;
+// --min-time at most: an hour of timing answers nothing a minute does not.
+constexpr double kMaxProbeSeconds = 3600;
 
 struct ProbeFlags {
   WorkloadFlags workload;
   int64_t batch_size = 0;
   int64_t steps = 3;
   int64_t warmup = 1;
+  double min_time = kSweepMinTimedSeconds;
   double margin = kDefaultMargin;
   std::string amp = "auto";
   std::string json;
@@ -37,6 +41,10 @@ int run_probe(const ProbeFlags& flags) {
     throw Error(fmt::format("--warmup-steps: must be from 0 to {}, got {}", kMaxProbeSteps,
                             flags.warmup));
   }
+  if (!(flags.min_time >= 0 && flags.min_time <= kMaxProbeSeconds)) {
+    throw Error(fmt::format("--min-time: must be from 0 to {:.0f} seconds, got {}",
+                            kMaxProbeSeconds, flags.min_time));
+  }
   if (!(flags.margin >= 0 && flags.margin < 1)) {
     throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", flags.margin));
   }
@@ -50,7 +58,10 @@ int run_probe(const ProbeFlags& flags) {
   const TrialResult result = runner.run(TrialOptions()
                                             .batch_size(flags.batch_size)
                                             .steps(flags.steps)
-                                            .warmup_steps(flags.warmup));
+                                            .warmup_steps(flags.warmup)
+                                            .max_warmup_steps(flags.min_time > 0 ? std::max(flags.warmup, kSweepMaxWarmupSteps) : flags.warmup)
+                                            .min_time_s(flags.min_time)
+                                            .max_steps(std::max(flags.steps, kMaxTrialSteps)));
   if (flags.json != "-") {
     fmt::print("{} on {}, {} thread(s)\n", resolved.workload->model().describe(),
                resolved.memory->device().str(), resolved.threads);
@@ -69,7 +80,10 @@ CommandRun add_probe_command(CLI::App& app) {
   auto flags = std::make_shared<ProbeFlags>();
   add_workload_flags(*cmd, flags->workload);
   cmd->add_option("--batch-size", flags->batch_size, "batch size to try")->required();
-  cmd->add_option("--steps", flags->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--steps", flags->steps, "timed steps at least")->capture_default_str();
+  cmd->add_option("--min-time", flags->min_time,
+                  "seconds of timed steps at least, as a sweep row times (0: exactly --steps)")
+      ->capture_default_str();
   cmd->add_option("--warmup-steps", flags->warmup, "untimed steps before them")
       ->capture_default_str();
   // The old spelling, kept working; elsewhere --warmup is the lr warm-up.

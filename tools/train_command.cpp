@@ -9,6 +9,7 @@
 #include "batchtune/tuning/loader_tuning.h"
 #include "batchtune/common/shape.h"
 #include "batchtune/reports/train_reporter.h"
+#include "batchtune/training/checkpoint.h"
 #include "batchtune/training/trainer.h"
 #include "batchtune/training/token_trainer.h"
 #include "batchtune/data/text.h"
@@ -219,6 +220,17 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                      data.test ? "; test: " + data.test->describe() : std::string());
   PlanRequest job_request = request;
   job_request.world_size = env.world_size;
+  if (flags.resume && !job_request.amp) {
+    // A resume trains at the precision the run was written with: a second
+    // measurement of amp auto could answer otherwise, and the checkpoint
+    // would then be refused.
+    if (const auto saved = read_checkpoint_identity(flags.checkpoint)) {
+      job_request.amp = parse_amp(saved->amp, "--resume");
+      if (job.primary()) {
+        out << fmt::format("amp {}: from the checkpoint in {}\n", saved->amp, flags.checkpoint);
+      }
+    }
+  }
   if (!job_request.micro_batch_size && job_request.plan_file.empty()) {
     out << "no --batch-size or --plan: a quick tune finds the micro-batch\n" << std::flush;
   }

@@ -33,6 +33,10 @@ def env() -> Dict[str, Any]:
     return json.loads(_core.env_json())
 
 
+def _interval(e: "_core.Estimate") -> Optional[Tuple[float, float]]:
+    return (e.low, e.high) if e.n > 0 else None
+
+
 @dataclasses.dataclass
 class ProbeResult:
     """One trial: does `batch_size` fit, at what peak memory, how fast.
@@ -40,6 +44,10 @@ class ProbeResult:
     `fits` is True only if the step ran and its peak stayed within the usable
     memory (capacity × (1 − margin)); `failure` is then None, else
     `out_of_memory`, `over_budget` or `does_not_run`, with `error` saying why.
+    `step_ms_ci` and `samples_per_s_ci` are the medians' 95 % confidence
+    intervals `(low, high)` (distribution-free, from the timed steps); `noisy`
+    when one reaches past ±10 % of its median, with the likely cause in
+    `noise_cause`.
     """
 
     batch_size: int
@@ -56,6 +64,10 @@ class ProbeResult:
     loss: float
     failure: Optional[str]
     error: Optional[str]
+    step_ms_ci: Optional[Tuple[float, float]] = None
+    samples_per_s_ci: Optional[Tuple[float, float]] = None
+    noisy: bool = False
+    noise_cause: Optional[str] = None
     _json: str = dataclasses.field(repr=False, default="{}")
 
     @classmethod
@@ -65,7 +77,9 @@ class ProbeResult:
                    margin=t.margin, steps=t.steps_run, step_ms=t.step_ms,
                    step_ms_spread=t.step_ms_spread, samples_per_s=t.samples_per_s, busy=t.busy,
                    loss=t.loss, failure=None if t.failure == "none" else t.failure,
-                   error=t.error or None, _json=t.to_json())
+                   error=t.error or None, step_ms_ci=_interval(t.step_ms_ci),
+                   samples_per_s_ci=_interval(t.samples_per_s_ci), noisy=t.noisy,
+                   noise_cause=t.noise_cause or None, _json=t.to_json())
 
     def to_dict(self) -> Dict[str, Any]:
         """The fields of `batchtune probe --json`."""
@@ -74,7 +88,9 @@ class ProbeResult:
 
 @dataclasses.dataclass
 class SweepRow:
-    """Training at one batch size: median throughput and step time, peak memory."""
+    """Training at one batch size: median throughput and step time with their
+    95 % intervals `(low, high)`, peak memory; `noisy` when an interval
+    reaches past ±10 % (then no decision rests on the row alone)."""
 
     batch_size: int
     samples_per_s: float
@@ -83,11 +99,16 @@ class SweepRow:
     busy: float
     peak_bytes: int
     steps: int
+    samples_per_s_ci: Optional[Tuple[float, float]] = None
+    step_ms_ci: Optional[Tuple[float, float]] = None
+    noisy: bool = False
+    noise_cause: Optional[str] = None
 
     @classmethod
     def _from_core(cls, r: "_core.SweepRow") -> "SweepRow":
         return cls(r.batch_size, r.samples_per_s, r.samples_per_s_spread, r.step_ms, r.busy,
-                   r.peak_bytes, r.steps)
+                   r.peak_bytes, r.steps, _interval(r.samples_per_s_ci), _interval(r.step_ms_ci),
+                   r.noisy, r.noise_cause or None)
 
 
 @dataclasses.dataclass
@@ -172,7 +193,8 @@ def _measured_device(device: torch.device, memory_limit: MemoryLimit, model, opt
 def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
           make_batch: MakeBatch, batch_size: int = 64, *, device: Union[str, torch.device, None] = None,
           memory_limit: MemoryLimit = None, margin: float = 0.1, steps: int = 3,
-          warmup_steps: int = 1, amp: str = "off") -> ProbeResult:
+          warmup_steps: int = 1, amp: str = "off",
+          min_time: float = _core.SWEEP_MIN_TIMED_SECONDS) -> ProbeResult:
     """One trial: the real step (your forward and loss, backward, your
     optimizer's step) at `batch_size`; does it fit, how much memory at peak,
     how fast. The model, optimizer, gradients, random generators and autocast
@@ -185,6 +207,9 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
             scalar loss.
         memory_limit: on the CPU the emulated device's size (bytes or "512MiB"),
             default half the available RAM; on CUDA a cap below the device.
+        steps, min_time: timed steps at least, and seconds they fill at least
+            (0: exactly `steps`), after warm-up steps until the step time
+            settles: the interval `samples_per_s_ci` comes from them.
 
     Example::
 
@@ -197,54 +222,13 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     with _measured_device(dev, memory_limit, model, optimizer) as memory:
         subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp)
         runner = Runner(subject, memory, margin)
-        t = runner.run(_core.TrialOptions(batch_size=batch_size, steps=steps,
-                                          warmup_steps=warmup_steps))
+        # Calibrated as a sweep row is: warm-up until the step time settles,
+        # then at least `steps` timed steps filling `min_time` seconds.
+        t = runner.run(_core.TrialOptions(
+            batch_size=batch_size, steps=steps, warmup_steps=warmup_steps,
+            max_warmup_steps=max(warmup_steps, _core.SWEEP_MAX_WARMUP_STEPS) if min_time > 0 else 0,
+            min_time_s=float(min_time)))
     return ProbeResult._from_core(t)
-
-
-def _interrupted_before_the_search(model, device: torch.device, memory: "_core.DeviceMemory",
-                                   margin: float, objective: str, time_budget: float,
-                                   strategy: str) -> "_core.TuneReport":
-    """The result of a tune that a KeyboardInterrupt ended while the
-    precision was being measured: incomplete, no trial kept."""
-    core = _core.TuneReport()
-    n = sum(p.numel() for p in model.parameters())
-    core.workload = f"{type(model).__name__} ({n} parameters)"
-    core.device = str(device)
-    core.threads = torch.get_num_threads()
-    core.objective = objective
-    core.capacity_bytes = memory.capacity_bytes
-    core.usable_bytes = memory.usable_bytes
-    core.margin = margin
-    search = _core.SearchResult()
-    search.set_strategy(strategy)
-    search.stop_reason = "interrupted by KeyboardInterrupt while amp auto was measured"
-    core.search = search
-    core.complete = False
-    core.interrupted_by = "KeyboardInterrupt"
-    return core
-
-
-def _choose_amp(amp: str, model, optimizer, loss_fn, make_batch, device: torch.device,
-                memory: "_core.DeviceMemory", margin: float, group) -> Tuple[str, str]:
-    """Precision first, as `batchtune tune`: every trial then runs at the
-    precision training will use. `auto` on CUDA by compute capability; on the
-    CPU by the library's measurement (`measure_cpu_amp`: alternating fp32 and
-    bf16 trials of your step); rank 0's choice for every rank."""
-    if amp == "fp16" and device.type == "cpu":
-        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
-    if amp != "auto":
-        return amp, f"amp {amp}: as asked with amp='{amp}'"
-    if device.type == "cuda":
-        choice = _core.choose_cuda_amp(*torch.cuda.get_device_capability(device))
-    else:
-        fp32 = Runner(Subject(model, optimizer, loss_fn, make_batch, device, "off"), memory, margin)
-        bf16 = Runner(Subject(model, optimizer, loss_fn, make_batch, device, "bf16"), memory, margin)
-        try:
-            choice = _core.measure_cpu_amp(fp32._cpp, bf16._cpp, _core.AMP_PROBE_MAX_BATCH)
-        finally:
-            fp32.subject.batch = bf16.subject.batch = None
-    return tuple(_distributed.broadcast_object(tuple(choice), group))
 
 
 def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
@@ -311,7 +295,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
     try:
         options = _core.TuneOptions(
-            strategy=strategy, max_batch=max_batch, search_tolerance=search_tolerance,
+            amp=amp, margin=margin, strategy=strategy, max_batch=max_batch, search_tolerance=search_tolerance,
             time_budget_s=float(time_budget), objective=objective, tolerance=tolerance,
             target_batch=target_batch, base_lr=lr, base_batch=base_batch,
             lr_scaling=lr_scaling, warmup_steps=warmup_steps,
@@ -323,27 +307,27 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     started = time.perf_counter()
     written = None
     with _measured_device(dev, memory_limit, model, optimizer) as memory:
-        try:
-            amp_mode, amp_reason = _choose_amp(amp, model, optimizer, loss_fn, make_batch, dev,
-                                               memory, margin, group)
-        except KeyboardInterrupt:
-            # Ctrl-C while the precision was measured: nothing to keep yet.
-            core = _interrupted_before_the_search(model, dev, memory, margin, objective,
-                                                  time_budget, strategy)
-        else:
+        # One runner per precision the pipeline measures or picks (amp auto
+        # on the CPU times fp32 against bf16 inside the time budget).
+        subjects = []
+
+        def make_runner(amp_mode: str) -> "_core.TrialRunner":
             subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
-            runner = Runner(subject, memory, margin)
-            try:
-                core = _core.tune(runner._cpp, options, communicator=communicator,
-                                  verbose=verbose, report=report or "", amp_reason=amp_reason,
-                                  sweep=sweep)
-            except _core.Error as e:
-                raise python_names(e) from None
-            finally:
+            subjects.append(subject)
+            return Runner(subject, memory, margin)._cpp
+
+        try:
+            core = _core.tune(make_runner, memory, options, communicator=communicator,
+                              verbose=verbose, report=report or "", sweep=sweep)
+        except _core.Error as e:
+            raise python_names(e) from None
+        finally:
+            for subject in subjects:
                 subject.batch = None
-            if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
-                written = report
+        if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
+            written = report
     document = json.loads(core.to_json())
+    document["amp_reason"] = python_text(document["amp_reason"])
     plan = Plan(**json.loads(core.plan_json)) if core.plan_json is not None else None
     if plan is not None:
         # Python's names for the flags, in the plan and in its JSON alike.

@@ -120,10 +120,18 @@ void bind_memory(py::module_& m) {
 
 void bind_trial(py::module_& m) {
   py::class_<TrialOptions>(m, "TrialOptions")
-      .def(py::init([](int64_t batch_size, int64_t steps, int64_t warmup_steps) {
-             return TrialOptions().batch_size(batch_size).steps(steps).warmup_steps(warmup_steps);
+      .def(py::init([](int64_t batch_size, int64_t steps, int64_t warmup_steps,
+                     int64_t max_warmup_steps, double min_time_s) {
+             return TrialOptions()
+                 .batch_size(batch_size)
+                 .steps(steps)
+                 .warmup_steps(warmup_steps)
+                 .max_warmup_steps(max_warmup_steps)
+                 .min_time_s(min_time_s)
+                 .max_steps(std::max(steps, kMaxTrialSteps));
            }),
-           py::arg("batch_size") = 1, py::arg("steps") = 3, py::arg("warmup_steps") = 1)
+           py::arg("batch_size") = 1, py::arg("steps") = 3, py::arg("warmup_steps") = 1,
+           py::arg("max_warmup_steps") = 0, py::arg("min_time_s") = 0.0)
       .def_property_readonly("batch_size", [](const TrialOptions& o) { return o.batch_size(); })
       .def_property_readonly("steps", [](const TrialOptions& o) { return o.steps(); })
       .def_property_readonly("warmup_steps", [](const TrialOptions& o) { return o.warmup_steps(); });
@@ -154,10 +162,35 @@ void bind_trial(py::module_& m) {
       .def_readwrite("step_ms", &TrialResult::step_ms)
       .def_readwrite("step_ms_spread", &TrialResult::step_ms_spread)
       .def_readwrite("samples_per_s", &TrialResult::samples_per_s)
+      .def_readwrite("step_ms_ci", &TrialResult::step_ms_ci)
+      .def_readwrite("samples_per_s_ci", &TrialResult::samples_per_s_ci)
+      .def_readwrite("warmup_steps_run", &TrialResult::warmup_steps_run)
+      .def_readwrite("noisy", &TrialResult::noisy)
+      .def_readwrite("noise_cause", &TrialResult::noise_cause)
       .def_readwrite("loss", &TrialResult::loss)
       .def_readwrite("error", &TrialResult::error)
       .def("to_json", [](const TrialResult& t) { return dump(to_json(t)); });
 
+  py::class_<Estimate>(m, "Estimate",
+                       "A median with its distribution-free confidence interval [low, high] "
+                       "at `level` from `n` readings.")
+      .def(py::init<>())
+      .def_readwrite("median", &Estimate::median)
+      .def_readwrite("low", &Estimate::low)
+      .def_readwrite("high", &Estimate::high)
+      .def_readwrite("level", &Estimate::level)
+      .def_readwrite("n", &Estimate::n)
+      .def_property_readonly("noisy", &Estimate::noisy)
+      .def("__repr__", [](const Estimate& e) {
+        return "Estimate(median=" + std::to_string(e.median) + ", low=" + std::to_string(e.low) +
+               ", high=" + std::to_string(e.high) + ", level=" + std::to_string(e.level) +
+               ", n=" + std::to_string(e.n) + ")";
+      });
+  m.def("estimate_median", &estimate_median, py::arg("values"),
+        py::arg("level") = kConfidenceLevel);
+  m.attr("CONFIDENCE_LEVEL") = kConfidenceLevel;
+  m.attr("SWEEP_MIN_TIMED_SECONDS") = kSweepMinTimedSeconds;
+  m.attr("SWEEP_MAX_WARMUP_STEPS") = kSweepMaxWarmupSteps;
   m.def("median", &median);
   m.def("relative_spread", &relative_spread);
   m.def("is_size_refusal", &is_size_refusal);
@@ -204,6 +237,10 @@ void bind_search(py::module_& m) {
       .def_readwrite("batch_size", &SweepRow::batch_size)
       .def_readwrite("samples_per_s", &SweepRow::samples_per_s)
       .def_readwrite("samples_per_s_spread", &SweepRow::samples_per_s_spread)
+      .def_readwrite("samples_per_s_ci", &SweepRow::samples_per_s_ci)
+      .def_readwrite("step_ms_ci", &SweepRow::step_ms_ci)
+      .def_readwrite("noisy", &SweepRow::noisy)
+      .def_readwrite("noise_cause", &SweepRow::noise_cause)
       .def_readwrite("step_ms", &SweepRow::step_ms)
       .def_readwrite("busy", &SweepRow::busy)
       .def_readwrite("utilization", &SweepRow::utilization)
@@ -211,13 +248,13 @@ void bind_search(py::module_& m) {
       .def_readwrite("steps", &SweepRow::steps);
   m.def("sweep_grid", &sweep_grid);
   m.def("sweep_row", &sweep_row);
-  m.def("run_sweep", &run_sweep, py::arg("trial"), py::arg("grid"),
-        py::arg("search_trials") = std::vector<TrialResult>{});
 
   py::class_<Selection>(m, "Selection")
       .def(py::init<>())
       .def_readwrite("batch_size", &Selection::batch_size)
-      .def_readwrite("reason", &Selection::reason);
+      .def_readwrite("reason", &Selection::reason)
+      .def_readwrite("confidence", &Selection::confidence)
+      .def_readwrite("contenders", &Selection::contenders);
   py::class_<Diagnosis>(m, "Diagnosis")
       .def(py::init<>())
       .def_readwrite("kind", &Diagnosis::kind)
@@ -272,10 +309,13 @@ void bind_plan(py::module_& m) {
                        const std::string& scaling) {
     return scale_lr(base_lr, base_batch, global_batch, parse_lr_scaling(scaling, "lr_scaling"));
   });
-  m.def("choose_cpu_amp", [](double fp32_ms, std::optional<double> bf16_ms) {
-    const AmpChoice choice = choose_cpu_amp(fp32_ms, bf16_ms);
-    return py::make_tuple(amp_name(choice.mode), choice.reason);
-  });
+  m.def(
+      "choose_cpu_amp",
+      [](const std::vector<double>& speedups, int64_t batch_size, bool bf16_fits) {
+        const AmpChoice choice = choose_cpu_amp(speedups, batch_size, bf16_fits);
+        return py::make_tuple(amp_name(choice.mode), choice.reason, choice.confidence);
+      },
+      py::arg("speedups"), py::arg("batch_size"), py::arg("bf16_fits") = true);
   m.def("choose_cuda_amp", [](int major, int minor) {
     const AmpChoice choice = choose_cuda_amp(major, minor);
     return py::make_tuple(amp_name(choice.mode), choice.reason);
@@ -303,6 +343,8 @@ void bind_report(py::module_& m) {
       .def_readwrite("energy_note", &TuneResult::energy_note)
       .def_readwrite("interrupted_by", &TuneResult::interrupted_by)
       .def_readwrite("amp_reason", &TuneResult::amp_reason)
+      .def_readwrite("amp_confidence", &TuneResult::amp_confidence)
+      .def_readwrite("budget_note", &TuneResult::budget_note)
       .def_property_readonly("amp", [](const TuneResult& r) { return amp_name(r.amp); })
       .def_readonly("rank_max_batch_size", &TuneResult::rank_max_batch_size)
       .def_readonly("time_budget_s", &TuneResult::time_budget_s)

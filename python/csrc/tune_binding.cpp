@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -151,7 +152,7 @@ void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel
                          const DeviceMemory& memory) {
   r.search_only = false;
   if (!r.complete || r.search.max_batch_size < 1) return;
-  r.selection = {r.search.max_batch_size, "the largest batch that fits (no sweep)"};
+  r.selection = {r.search.max_batch_size, "the largest batch that fits (no sweep)", 1.0, {}};
   PlanRequest request = options.plan();
   request.world_size = data_parallel.world_size();
   const std::string micro_reason = micro_batch_reason(
@@ -161,17 +162,17 @@ void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel
   r.plan = data_parallel.agree_plan(plan);
 }
 
-TuneResult run_tune(TrialRunner& runner, TuneOptions options, TuneReporter* reporter,
-                    Communicator* communicator, bool verbose, const std::string& report,
-                    const std::string& amp_reason, bool sweep) {
-  options.margin(runner.margin()).search_only(!sweep);
+TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory, TuneOptions options,
+                    TuneReporter* reporter, Communicator* communicator, bool verbose,
+                    const std::string& report, bool sweep) {
+  options.search_only(!sweep);
   validate(options);  // bad input before anything is printed
   clear_keyboard_interrupt();
   options.stop(python_stop);
   DataParallel data_parallel(communicator);
   options.data_parallel(&data_parallel);
   const bool primary = data_parallel.rank() == 0;
-  Monitor monitor(make_sampler(runner.memory().device()),
+  Monitor monitor(make_sampler(memory.device()),
                   MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
   options.monitor(&monitor);
 
@@ -186,20 +187,25 @@ TuneResult run_tune(TrialRunner& runner, TuneOptions options, TuneReporter* repo
   }
   if (reporter != nullptr) reporters.add(reporter);
 
-  TuneResult r = tune(runner, options, &reporters);
+  // Python's runners, one per precision the pipeline asks for, kept alive
+  // for the whole tune.
+  std::map<AmpMode, py::object> runners;
+  const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
+    py::gil_scoped_acquire gil;
+    auto& runner = runners[amp];
+    if (!runner) runner = make_runner(amp_name(amp));
+    return runner.cast<TrialRunner&>();
+  };
+  TuneResult r = tune(runner_at, memory, options, &reporters);
 
   r.threads = at::get_num_threads();
-  if (!amp_reason.empty()) {
-    r.amp_reason = amp_reason;
-    if (r.plan) r.plan->set_reason(PlanField::kAmp, amp_reason);
-  }
   if (!r.complete && keyboard_interrupt_noted()) {
     // Caught inside a trial (batchtune::Interrupted): name it as Python does.
     r.interrupted_by = kKeyboardInterrupt;
     if (r.search.stop_reason == "interrupted by ") r.search.stop_reason += kKeyboardInterrupt;
   }
   if (r.loader.rows.empty() && !r.loader.choice) r.loader.note = kPythonLoaderNote;
-  if (!sweep) plan_at_the_maximum(r, options, data_parallel, runner.memory());
+  if (!sweep) plan_at_the_maximum(r, options, data_parallel, memory);
   if (r.plan && r.selection.batch_size != r.plan->micro_batch_size) {
     // Data parallel: every rank swept its own device; the job trains rank 0's choice.
     r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
@@ -217,7 +223,8 @@ TuneResult run_tune(TrialRunner& runner, TuneOptions options, TuneReporter* repo
 void bind_tune(py::module_& m) {
   py::class_<TuneOptions>(m, "TuneOptions",
                           "How a tune runs (the C++ TuneOptions; the package's tune() fills it).")
-      .def(py::init([](const std::string& strategy, int64_t max_batch, double search_tolerance,
+      .def(py::init([](const std::string& amp, double margin, const std::string& strategy,
+                       int64_t max_batch, double search_tolerance,
                        double time_budget_s, const std::string& objective, double tolerance,
                        std::optional<int64_t> target_batch, std::optional<double> base_lr,
                        std::optional<int64_t> base_batch, std::optional<std::string> lr_scaling,
@@ -231,6 +238,8 @@ void bind_tune(py::module_& m) {
              request.warmup_steps = warmup_steps;
              request.optimizer = optimizer;
              return TuneOptions()
+                 .amp(parse_amp(amp, "amp"))
+                 .margin(margin)
                  .search(SearchOptions()
                              .strategy(parse_search_strategy(strategy))
                              .max_batch(max_batch)
@@ -241,6 +250,7 @@ void bind_tune(py::module_& m) {
                  .plan(request)
                  .command_line(command_line);
            }),
+           py::arg("amp") = "auto", py::arg("margin") = kDefaultMargin,
            py::arg("strategy") = "predict", py::arg("max_batch") = kDefaultMaxBatch,
            py::arg("search_tolerance") = kDefaultSearchTolerance,
            py::arg("time_budget_s") = kDefaultTimeBudgetSeconds,
@@ -268,21 +278,25 @@ void bind_tune(py::module_& m) {
       "broadcast(tensors, root) (in place), report_failure(message).")
       .def(py::init<>());
 
-  m.def("tune", &run_tune, py::arg("runner"), py::arg("options"), py::arg("reporter") = nullptr,
-        py::arg("communicator") = nullptr, py::arg("verbose") = false, py::arg("report") = "",
-        py::arg("amp_reason") = "", py::arg("sweep") = true,
-        "batchtune::tune over `runner`: search, sweep, choice, plan under one time budget, with "
-        "the utilization monitor; the result as `TuneReport`. A KeyboardInterrupt in a trial "
-        "ends it with what was measured (complete False).");
+  m.def("tune", &run_tune, py::arg("make_runner"), py::arg("memory"), py::arg("options"),
+        py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
+        py::arg("verbose") = false, py::arg("report") = "", py::arg("sweep") = true,
+        "batchtune::tune: precision, search, sweep, choice, plan under one time budget, with the "
+        "utilization monitor; `make_runner(amp)` gives the TrialRunner of each precision it "
+        "measures or picks; the result as `TuneReport`. A KeyboardInterrupt in a trial ends it "
+        "with what was measured (complete False).");
 
   m.def(
       "measure_cpu_amp",
-      [](TrialRunner& fp32, TrialRunner& bf16, int64_t batch_size) {
-        const AmpChoice choice = measure_cpu_amp(fp32, bf16, batch_size);
-        return py::make_tuple(amp_name(choice.mode), choice.reason);
+      [](TrialRunner& fp32, TrialRunner& bf16, int64_t max_batch) {
+        AmpMeasureOptions options;
+        options.max_batch = max_batch;
+        const AmpChoice choice = measure_cpu_amp(fp32, bf16, options);
+        return py::make_tuple(amp_name(choice.mode), choice.reason, choice.confidence);
       },
-      py::arg("fp32"), py::arg("bf16"), py::arg("batch_size"),
-      "amp auto on the CPU: alternating fp32 and bf16 trials; (mode, reason).");
+      py::arg("fp32"), py::arg("bf16"), py::arg("max_batch") = kAmpProbeMaxBatch,
+      "amp auto on the CPU: interleaved fp32 and bf16 rounds; (mode, reason, confidence or "
+      "None when inconclusive).");
   m.attr("AMP_PROBE_MAX_BATCH") = kAmpProbeMaxBatch;
 }
 

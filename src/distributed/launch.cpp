@@ -280,9 +280,9 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   }
 
   LaunchResult result;
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point stop_sent{};
-  Clock::time_point all_exited{};
+  using SteadyTime = std::chrono::steady_clock;
+  SteadyTime::time_point stop_sent{};
+  SteadyTime::time_point all_exited{};
   bool killed = false;
   int forwarded = 0;
   std::vector<char> buffer(1 << 16);
@@ -300,8 +300,8 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
                            "to stop (again to end them at once)\n",
                            signal_name(signal), ranks.size());
         out.flush();
-      } else if (stop_sent == Clock::time_point{}) {
-        stop_sent = Clock::now();  // and SIGKILL after the grace period
+      } else if (stop_sent == SteadyTime::time_point{}) {
+        stop_sent = SteadyTime::now();  // and SIGKILL after the grace period
       }
       forwarded = received;
     }
@@ -342,7 +342,7 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
           for (auto& other : ranks) {
             if (other.running) ::kill(other.pid, SIGTERM);
           }
-          stop_sent = Clock::now();
+          stop_sent = SteadyTime::now();
         }
       }
     }
@@ -351,9 +351,9 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
     const bool any_open =
         std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.fd >= 0; });
     if (!any_running && !any_open) break;
-    if (!any_running && all_exited == Clock::time_point{}) all_exited = Clock::now();
+    if (!any_running && all_exited == SteadyTime::time_point{}) all_exited = SteadyTime::now();
     if (!any_running &&
-        std::chrono::duration<double>(Clock::now() - all_exited).count() > kDrainS) {
+        std::chrono::duration<double>(SteadyTime::now() - all_exited).count() > kDrainS) {
       // A rank's own children may keep the pipe open; the ranks are done.
       for (auto& r : ranks) {
         if (r.fd >= 0) {
@@ -364,8 +364,8 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
       }
       break;
     }
-    if (stop_sent != Clock::time_point{} && !killed &&
-        std::chrono::duration<double>(Clock::now() - stop_sent).count() > o.grace_s()) {
+    if (stop_sent != SteadyTime::time_point{} && !killed &&
+        std::chrono::duration<double>(SteadyTime::now() - stop_sent).count() > o.grace_s()) {
       for (auto& r : ranks) {
         if (r.running) ::kill(r.pid, SIGKILL);
       }

@@ -36,9 +36,17 @@ void print_trial(std::ostream& out, const TrialResult& trial) {
              format_bytes(trial.peak_bytes), format_bytes(trial.usable_bytes),
              format_bytes(trial.capacity_bytes), trial.margin * 100);
   if (trial.fits) {
-    fmt::print(out, "step          {:.2f} ms median over {} timed steps (spread {:.1f} %)\n",
-               trial.step_ms, trial.step_seconds.size(), trial.step_ms_spread * 100);
-    fmt::print(out, "throughput    {:.1f} samples/s\n", trial.samples_per_s);
+    const Estimate& ms = trial.step_ms_ci;
+    fmt::print(out,
+               "step          {:.2f} ms median over {} timed steps after {} warm-up, {} "
+               "interval [{:.2f}, {:.2f}] ms\n",
+               trial.step_ms, trial.step_seconds.size(), trial.warmup_steps_run,
+               format_level(ms.level), ms.low, ms.high);
+    fmt::print(out, "throughput    {:.1f} samples/s [{:.1f}, {:.1f}]{}\n", trial.samples_per_s,
+               trial.samples_per_s_ci.low, trial.samples_per_s_ci.high,
+               trial.noisy ? fmt::format(" — noisy (wider than ±{:.0f} %){}", 100 * kNoisyHalfWidth,
+                                         trial.noise_cause.empty() ? "" : ": " + trial.noise_cause)
+                           : "");
   }
 }
 

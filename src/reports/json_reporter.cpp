@@ -30,6 +30,15 @@ nlohmann::json value_or_null(const std::optional<T>& value) {
 
 }  // namespace
 
+nlohmann::json interval_json(const Estimate& estimate) {
+  if (estimate.n == 0) return nullptr;
+  return nlohmann::json::array({estimate.low, estimate.high});
+}
+
+nlohmann::json confidence_json(const std::optional<double>& confidence) {
+  return confidence ? nlohmann::json(*confidence) : nlohmann::json("inconclusive");
+}
+
 nlohmann::json to_json(const Environment& env) {
   nlohmann::json gpus = nlohmann::json::array();
   for (const auto& gpu : env.gpus) {
@@ -73,7 +82,14 @@ nlohmann::json to_json(const TrialResult& trial) {
       {"steps", trial.steps_run},
       {"step_ms", trial.step_ms},
       {"step_ms_spread", trial.step_ms_spread},
+      {"step_ms_ci", interval_json(trial.step_ms_ci)},
       {"samples_per_s", trial.samples_per_s},
+      {"samples_per_s_ci", interval_json(trial.samples_per_s_ci)},
+      {"ci_level", trial.step_ms_ci.n > 0 ? nlohmann::json(trial.step_ms_ci.level)
+                                          : nlohmann::json(nullptr)},
+      {"warmup_steps", trial.warmup_steps_run},
+      {"noisy", trial.noisy},
+      {"noise_cause", string_or_null(trial.noise_cause)},
       {"tokens_per_s", trial.sequence_length > 0 ? nlohmann::json(trial.tokens_per_s)
                                                  : nlohmann::json(nullptr)},
       {"sequence_length", trial.sequence_length > 0 ? nlohmann::json(trial.sequence_length)

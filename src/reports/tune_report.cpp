@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <ctime>
@@ -117,7 +118,10 @@ nlohmann::json to_json(const TuneResult& report) {
   const auto finish = [&](nlohmann::json& j) {
     j["amp"] = amp_name(report.amp);
     j["amp_reason"] = report.amp_reason;
+    j["amp_confidence"] = confidence_json(report.amp_confidence);
     j["time_budget_s"] = report.time_budget_s;
+    j["budget_note"] = report.budget_note.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(report.budget_note);
     nlohmann::json phases = nlohmann::json::object();
     for (const auto& [phase, seconds] : report.phase_seconds) phases[to_string(phase)] = seconds;
     j["phase_seconds"] = phases;
@@ -134,6 +138,13 @@ nlohmann::json to_json(const TuneResult& report) {
                     {"amp", amp_name(r.amp)},
                     {"samples_per_s", r.samples_per_s},
                     {"samples_per_s_spread", r.samples_per_s_spread},
+                    {"samples_per_s_ci", interval_json(r.samples_per_s_ci)},
+                    {"step_ms_ci", interval_json(r.step_ms_ci)},
+                    {"ci_level", r.samples_per_s_ci.n > 0 ? nlohmann::json(r.samples_per_s_ci.level)
+                                                          : nlohmann::json(nullptr)},
+                    {"noisy", r.noisy},
+                    {"noise_cause", r.noise_cause.empty() ? nlohmann::json(nullptr)
+                                                          : nlohmann::json(r.noise_cause)},
                     {"tokens_per_s", r.tokens_per_s > 0 ? nlohmann::json(r.tokens_per_s)
                                                         : nlohmann::json(nullptr)},
                     {"step_ms", r.step_ms},
@@ -157,6 +168,12 @@ nlohmann::json to_json(const TuneResult& report) {
                                  ? nlohmann::json(report.selection.batch_size)
                                  : nlohmann::json(nullptr);
   out["reason"] = report.selection.reason;
+  out["selection"] = {{"batch_size", report.selection.batch_size > 0
+                                         ? nlohmann::json(report.selection.batch_size)
+                                         : nlohmann::json(nullptr)},
+                      {"confidence", confidence_json(report.selection.confidence)},
+                      {"contenders", report.selection.contenders},
+                      {"reason", report.selection.reason}};
   out["diagnosis"] = {{"kind", report.diagnosis.kind}, {"text", report.diagnosis.text}};
   out["utilization_note"] =
       report.utilization_note.empty() ? nlohmann::json(nullptr) : nlohmann::json(report.utilization_note);
@@ -227,17 +244,30 @@ void print_goodput(std::ostream& out, const TuneResult& report) {
 void print_sweep(std::ostream& out, const TuneResult& report) {
   const bool tokens = std::any_of(report.sweep.begin(), report.sweep.end(),
                                   [](const SweepRow& r) { return r.tokens_per_s > 0; });
-  fmt::print(out, "\n  {:>8}  {:>12}{}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
-             "samples/s", tokens ? fmt::format("  {:>12}", "tokens/s") : "", "step ms", "busy",
-             "util", "GFLOP/s", "peak / capacity");
+  fmt::print(out, "\n  {:>8}  {:>12}  {:>7}{}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
+             "samples/s", "±95 %", tokens ? fmt::format("  {:>12}", "tokens/s") : "", "step ms",
+             "busy", "util", "GFLOP/s", "peak / capacity");
+  std::vector<std::string> noisy;
   for (const auto& r : report.sweep) {
     const bool chosen = r.batch_size == report.selection.batch_size;
-    fmt::print(out, "{} {:>8}  {:>12.1f}{}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
+    if (r.noisy) {
+      noisy.push_back(r.noise_cause.empty() ? std::to_string(r.batch_size)
+                                            : fmt::format("{} ({})", r.batch_size, r.noise_cause));
+    }
+    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>6}{}{}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
                chosen ? ">" : " ", r.batch_size, r.samples_per_s,
+               r.samples_per_s_ci.n > 0
+                   ? fmt::format("{:.0f}%", 100 * r.samples_per_s_ci.relative_half_width())
+                   : "n/a",
+               r.noisy ? "!" : " ",
                tokens ? fmt::format("  {:>12.0f}", r.tokens_per_s) : "", r.step_ms, 100 * r.busy,
                r.utilization ? fmt::format("{:.0f}%", *r.utilization) : "n/a",
                r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
                format_bytes(r.peak_bytes), format_bytes(report.capacity_bytes));
+  }
+  if (!noisy.empty()) {
+    fmt::print(out, "! noisy (interval wider than ±{:.0f} %): {}\n", 100 * kNoisyHalfWidth,
+               fmt::join(noisy, "; "));
   }
   if (!report.utilization_note.empty()) {
     fmt::print(out, "util: {}\n", report.utilization_note);
@@ -322,9 +352,9 @@ std::string html_report(const TuneResult& report) {
   for (const auto& r : report.sweep) {
     const double b = static_cast<double>(r.batch_size);
     sps.points.emplace_back(b, r.samples_per_s);
-    // The spread is the interquartile range over the median: half each side.
-    const double half = r.samples_per_s * r.samples_per_s_spread / 2;
-    sps.error_bars.emplace_back(std::max(0.0, r.samples_per_s - half), r.samples_per_s + half);
+    // The median's 95 % interval (see Estimate).
+    sps.error_bars.emplace_back(r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.low : r.samples_per_s,
+                                r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.high : r.samples_per_s);
     peak.points.emplace_back(b, static_cast<double>(r.peak_bytes));
     if (r.flops_per_s) gflops.points.emplace_back(b, *r.flops_per_s / 1e9);
     if (r.batch_size == report.selection.batch_size) {
@@ -469,11 +499,17 @@ std::string html_report(const TuneResult& report) {
   std::string rows;
   for (const auto& r : report.sweep) {
     rows += fmt::format(
-        "<tr{}><td>{}</td><td>{:.1f}</td>{}<td>&plusmn; {:.1f} %</td><td>{:.2f}</td><td>{:.0f} %</td>"
+        "<tr{}><td>{}</td><td>{:.1f}</td>{}<td>{}</td><td>{:.2f}</td><td>{:.0f} %</td>"
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
         r.batch_size == report.selection.batch_size ? " class='chosen'" : "", r.batch_size,
         r.samples_per_s, tokens ? fmt::format("<td>{:.0f}</td>", r.tokens_per_s) : "",
-        50 * r.samples_per_s_spread, r.step_ms, 100 * r.busy,
+        r.samples_per_s_ci.n > 0
+            ? fmt::format("{:.1f} &ndash; {:.1f}{}", r.samples_per_s_ci.low, r.samples_per_s_ci.high,
+                          r.noisy ? html_escape(" (noisy" + (r.noise_cause.empty() ? std::string()
+                                                                : ": " + r.noise_cause) + ")")
+                                  : "")
+            : "n/a",
+        r.step_ms, 100 * r.busy,
         r.utilization ? fmt::format("{:.0f} %", *r.utilization) : "n/a",
         r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
         format_bytes(r.peak_bytes),
@@ -538,7 +574,7 @@ code {{ background: #f4f4f4; padding: 2px 6px; word-break: break-all; }}
 {goodput}
 {tokens_section}
 <h2>Sweep</h2>
-<table><tr><th>batch</th><th>samples/s</th>{tokens_head}<th>spread (IQR)</th><th>step ms</th><th>busy</th><th>util</th><th>GFLOP/s</th><th>peak memory</th><th>J/sample</th><th>steps</th></tr>
+<table><tr><th>batch</th><th>samples/s</th>{tokens_head}<th>95 % interval</th><th>step ms</th><th>busy</th><th>util</th><th>GFLOP/s</th><th>peak memory</th><th>J/sample</th><th>steps</th></tr>
 {rows}</table>
 <h2>Search trials</h2>
 <p class="note">Strategy {strategy}; each trial is a real training step at that batch size.</p>
@@ -660,6 +696,8 @@ void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& resu
       }
       break;
     case TunePhase::kPrecision:
+      // Said when it was measured; a mode asked for is in the plan.
+      if (trials_ > 0) fmt::print(out_, "{}\n", result.amp_reason);
       break;
   }
   out_ << std::flush;
@@ -674,6 +712,7 @@ void ConsoleTuneReporter::finished(const TuneResult& result) {
                "{} sweep row(s)), marked incomplete\n",
                result.interrupted_by, result.search.trials.size(), result.sweep.size());
   }
+  if (!result.budget_note.empty()) fmt::print(out_, "time budget: {}\n", result.budget_note);
   out_ << std::flush;
 }
 

@@ -5,8 +5,9 @@
 
 #include <algorithm>
 
-#include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/estimate.h"
+#include "batchtune/memory/device_memory.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/workload.h"
 #include "memory/cuda_support.h"
@@ -14,11 +15,11 @@
 namespace batchtune {
 namespace {
 
-/// Steps `choose_amp` times per precision on the CPU: enough for a median,
-/// few enough that a 12x slower bf16 step costs seconds, not minutes.
-constexpr int64_t kAmpProbeSteps = 3;
-/// Alternating fp32 / bf16 rounds of those steps.
-constexpr int64_t kAmpProbeRounds = 3;
+/// Timed steps per trial of a round, after one warm-up: the interval comes
+/// from the rounds, so each trial needs only a median of its own, and a 12x
+/// slower bf16 step costs seconds, not minutes.
+constexpr int64_t kAmpRoundSteps = 2;
+constexpr int64_t kAmpRoundWarmupSteps = 1;
 
 }  // namespace
 
@@ -67,23 +68,34 @@ AutocastGuard::~AutocastGuard() {
   at::autocast::set_autocast_dtype(device_, previous_dtype_);
 }
 
-AmpChoice choose_cpu_amp(double fp32_step_ms, std::optional<double> bf16_step_ms) {
-  if (!bf16_step_ms) {
-    return {AmpMode::kOff, fmt::format("amp off: a bf16 autocast step did not fit on this CPU "
-                                       "(fp32 step {:.1f} ms)",
-                                       fp32_step_ms)};
+AmpChoice choose_cpu_amp(const std::vector<double>& speedups, int64_t batch_size,
+                         bool bf16_fits) {
+  if (!bf16_fits) {
+    return {AmpMode::kOff,
+            fmt::format("amp off: a bf16 autocast step did not fit on this CPU at batch {}, "
+                        "where fp32 did",
+                        batch_size),
+            1.0};
   }
-  const double speedup = fp32_step_ms / *bf16_step_ms;
-  if (speedup >= kCpuBf16MinSpeedup) {
-    return {AmpMode::kBf16,
-            fmt::format("amp bf16: a bf16 autocast step took {:.1f} ms against {:.1f} ms in fp32 "
-                        "on this CPU ({:.2f}x faster)",
-                        *bf16_step_ms, fp32_step_ms, speedup)};
+  const Estimate e = estimate_median(speedups);
+  const std::string measured = fmt::format(
+      "bf16 autocast ran {} the speed of fp32 on this CPU (median of {} interleaved rounds at "
+      "batch {}, {} interval [{:.2f}x, {:.2f}x])",
+      fmt::format("{:.2f}x", e.median), e.n, batch_size, format_level(e.level), e.low, e.high);
+  if (e.level >= kConfidenceLevel && e.low >= kCpuBf16MinSpeedup) {
+    return {AmpMode::kBf16, "amp bf16: " + measured, e.level};
+  }
+  if (e.level >= kConfidenceLevel && e.high < kCpuBf16MinSpeedup) {
+    return {AmpMode::kOff,
+            fmt::format("amp off: {}; bf16 needs {:.2f}x to pay here", measured,
+                        kCpuBf16MinSpeedup),
+            e.level};
   }
   return {AmpMode::kOff,
-          fmt::format("amp off: a bf16 autocast step took {:.1f} ms against {:.1f} ms in fp32 on "
-                      "this CPU ({:.1f}x slower), so it does not pay here",
-                      *bf16_step_ms, fp32_step_ms, 1 / speedup)};
+          fmt::format("amp off: inconclusive, kept fp32: {}; not established at {} whether "
+                      "bf16 reaches {:.2f}x",
+                      measured, format_level(kConfidenceLevel), kCpuBf16MinSpeedup),
+          std::nullopt};
 }
 
 AmpChoice choose_cuda_amp(int compute_major, int compute_minor) {
@@ -99,51 +111,87 @@ AmpChoice choose_cuda_amp(int compute_major, int compute_minor) {
                       compute_major, compute_minor, kCudaBf16MinComputeMajor)};
 }
 
-AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
-                     int64_t batch_size) {
-  const c10::Device device = memory.device();
+AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device) {
   if (requested != AmpMode::kAuto) {
     if (requested == AmpMode::kFp16 && device.is_cpu()) {
-      throw Error("--amp fp16: fp16 autocast is for CUDA devices; on the CPU use bf16 or off");
+      throw Error("--amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off");
     }
     return {requested, fmt::format("amp {}: as asked with --amp", amp_name(requested))};
   }
-  if (device.is_cuda()) {
-    std::string reason;
-    const auto gpus = cuda::devices(&reason);
-    const auto index = static_cast<size_t>(device.index() < 0 ? 0 : device.index());
-    if (index < gpus.size()) {
-      return choose_cuda_amp(gpus[index].compute_major, gpus[index].compute_minor);
-    }
-    return {AmpMode::kOff, "amp off: the CUDA device could not be queried (" + reason + ")"};
+  TORCH_CHECK(device.is_cuda(), "resolve_amp_unmeasured: amp auto on the CPU is measured");
+  std::string reason;
+  const auto gpus = cuda::devices(&reason);
+  const auto index = static_cast<size_t>(device.index() < 0 ? 0 : device.index());
+  if (index < gpus.size()) {
+    return choose_cuda_amp(gpus[index].compute_major, gpus[index].compute_minor);
+  }
+  return {AmpMode::kOff, "amp off: the CUDA device could not be queried (" + reason + ")"};
+}
+
+AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
+                     int64_t batch_size) {
+  const c10::Device device = memory.device();
+  if (requested != AmpMode::kAuto || device.is_cuda()) {
+    return resolve_amp_unmeasured(requested, device);
   }
   TrialRunner fp32_runner(workload, memory, kDefaultMargin, AmpMode::kOff);
   TrialRunner bf16_runner(workload, memory, kDefaultMargin, AmpMode::kBf16);
-  return measure_cpu_amp(fp32_runner, bf16_runner, batch_size);
+  AmpMeasureOptions options;
+  options.max_batch = batch_size;
+  return measure_cpu_amp(fp32_runner, bf16_runner, options);
 }
 
-AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner, int64_t batch_size) {
-  // Alternating rounds, each side's fastest step: on a shared machine other
-  // processes slow some steps down, and a single pair of medians was seen to
-  // flip the decision (3.5x faster, then 1.6x slower, for the same model).
-  const auto options = TrialOptions().batch_size(batch_size).steps(kAmpProbeSteps);
-  double fp32_ms = 0;
-  double bf16_ms = 0;
-  for (int64_t round = 0; round < kAmpProbeRounds; ++round) {
-    const TrialResult fp32 = fp32_runner.run(options);
-    if (!fp32.fits) {
-      return {AmpMode::kOff, "amp off: the fp32 step at batch " + std::to_string(batch_size) +
-                                 " did not fit, so bf16 could not be compared"};
+AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner,
+                          const AmpMeasureOptions& options) {
+  // Interleaved rounds, one ratio each: on a shared machine other processes
+  // slow some steps down, and load that comes and goes then falls on both
+  // precisions of a round alike. A single pair of medians was seen to flip
+  // the decision (3.5x faster, then 1.6x slower, for the same model).
+  const Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
+  int64_t batch = std::max<int64_t>(1, options.max_batch);
+  std::vector<double> speedups;
+  const auto run = [&](TrialRunner& runner, AmpMode mode, int64_t rounds_left) {
+    if (options.before_trial) options.before_trial(mode, batch);
+    const double slice = (options.deadline_s - clock.now_s()) / static_cast<double>(2 * rounds_left);
+    TrialResult t = runner.run(TrialOptions()
+                                   .batch_size(batch)
+                                   .steps(kAmpRoundSteps)
+                                   .warmup_steps(kAmpRoundWarmupSteps)
+                                   .max_time_s(std::max(0.0, slice)));
+    if (options.after_trial) options.after_trial(t);
+    return t;
+  };
+  int64_t trials = 0;
+  while (static_cast<int64_t>(speedups.size()) < kAmpMaxRounds) {
+    if (trials++ > 0 && clock.now_s() >= options.deadline_s) break;
+    if (static_cast<int64_t>(speedups.size()) >= kAmpMinRounds) {
+      const AmpChoice decided = choose_cpu_amp(speedups, batch);
+      if (decided.confidence) return decided;
     }
-    const TrialResult bf16 = bf16_runner.run(options);
-    if (!bf16.fits) return choose_cpu_amp(fp32.step_ms, std::nullopt);
-    const auto fastest = [](const TrialResult& r) {
-      return *std::min_element(r.step_seconds.begin(), r.step_seconds.end()) * 1e3;
-    };
-    fp32_ms = round == 0 ? fastest(fp32) : std::min(fp32_ms, fastest(fp32));
-    bf16_ms = round == 0 ? fastest(bf16) : std::min(bf16_ms, fastest(bf16));
+    const int64_t rounds_left =
+        std::max<int64_t>(1, kAmpMinRounds - static_cast<int64_t>(speedups.size()));
+    const TrialResult fp32 = run(fp32_runner, AmpMode::kOff, rounds_left);
+    const TrialResult bf16 = fp32.fits ? run(bf16_runner, AmpMode::kBf16, rounds_left) : fp32;
+    if (!fp32.fits || !bf16.fits) {
+      if (batch > 1) {  // the largest batch both fit is smaller: start again there
+        batch /= 2;
+        speedups.clear();
+        continue;
+      }
+      if (!fp32.fits) {
+        return {AmpMode::kOff,
+                "amp off: the fp32 step at batch 1 did not fit, so bf16 could not be compared",
+                1.0};
+      }
+      return choose_cpu_amp({}, batch, /*bf16_fits=*/false);
+    }
+    speedups.push_back(fp32.step_ms / bf16.step_ms);
   }
-  return choose_cpu_amp(fp32_ms, bf16_ms);
+  AmpChoice choice = choose_cpu_amp(speedups, batch);
+  if (!choice.confidence && clock.now_s() >= options.deadline_s) {
+    choice.reason += "; the precision's share of the time budget ran out";
+  }
+  return choice;
 }
 
 }  // namespace batchtune

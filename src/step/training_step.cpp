@@ -13,10 +13,10 @@
 namespace batchtune {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyTime = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double seconds_since(SteadyTime::time_point start) {
+  return std::chrono::duration<double>(SteadyTime::now() - start).count();
 }
 
 std::vector<at::Tensor> defined_gradients(const std::vector<at::Tensor>& parameters) {
@@ -119,7 +119,7 @@ at::Tensor TrainingStep::accumulate(const Batch& host_batch, double* data_second
     // Without accumulation the share is 1: no views and no extra ops on a
     // hot, tiny step.
     const bool whole = end - begin == total;
-    const auto fetch_start = Clock::now();
+    const auto fetch_start = SteadyTime::now();
     const Batch batch = to_device(whole ? host_batch : narrow_batch(host_batch, begin, end - begin),
                                   device_, non_blocking);
     if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);

@@ -4,41 +4,17 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
-#include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/size.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/monitoring/machine_load.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 #include "step/training_snapshot.h"
 
 namespace batchtune {
-namespace {
-
-double quantile(std::vector<double>& sorted, double q) {
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const auto lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
-}
-
-}  // namespace
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return quantile(values, 0.5);
-}
-
-double relative_spread(std::vector<double> values) {
-  if (values.size() < 2) return 0;
-  std::sort(values.begin(), values.end());
-  const double mid = quantile(values, 0.5);
-  return mid > 0 ? (quantile(values, 0.75) - quantile(values, 0.25)) / mid : 0;
-}
-
 void TrialSubject::set_sequence_length(int64_t length) {
   if (length != 0) {
     throw Error(fmt::format("{}: this trial subject takes no sequence length (asked for {})",
@@ -139,18 +115,29 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     memory_.release_cached();
   };
   const int64_t ooms_before = memory_.oom_count();
+  const Clock& clock = *clock_;
+  const double trial_start = clock.now_s();
+  CpuTimes load_before;
   try {
     subject.prepare(options.batch_size());
-    for (int64_t i = 0; i < options.warmup_steps() + options.steps(); ++i) {
+    const int64_t min_warmup = options.warmup_steps();
+    const int64_t max_warmup = std::max(min_warmup, options.max_warmup_steps());
+    double previous_s = 0;  // the step before, warm-up or timed
+    double timed_s = 0;
+    // Whether one more step, as long as the last, would end within `share`
+    // of the slice.
+    const auto room_for_a_step = [&](double share) {
+      return clock.now_s() - trial_start + previous_s <= share * options.max_time_s();
+    };
+    const auto run_step = [&]() {
       memory_.synchronize();
-      const auto start = std::chrono::steady_clock::now();
+      const double start = clock.now_s();
       subject.next_batch(options.batch_source());
-      const auto ready = std::chrono::steady_clock::now();
+      const double ready = clock.now_s();
       const at::Tensor loss = subject.step();
       memory_.synchronize();
-      const auto end = std::chrono::steady_clock::now();
-      ++result.steps_run;
-      if (i == 0) {
+      const double end = clock.now_s();
+      if (result.steps_run++ == 0) {
         // A loss that is not finite from the first step is a broken workload,
         // not a size limit: stop the search rather than bound it.
         const double first = loss.item<double>();
@@ -161,12 +148,36 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
               options.batch_size(), first));
         }
       }
-      if (i >= options.warmup_steps()) {
-        result.step_seconds.push_back(std::chrono::duration<double>(end - start).count());
-        result.wait_seconds.push_back(std::chrono::duration<double>(ready - start).count());
+      previous_s = end - start;
+      return std::make_tuple(loss, end - start, ready - start);
+    };
+    double before_s = 0;
+    while (result.warmup_steps_run < max_warmup) {
+      if (result.warmup_steps_run >= min_warmup) {
+        // Settled once a step is no longer markedly faster than the one before.
+        const bool settled = result.warmup_steps_run >= 2 && previous_s >= kSettledRatio * before_s;
+        if (settled || !room_for_a_step(kWarmupSliceShare)) break;
       }
-      if (i + 1 == options.warmup_steps() + options.steps()) result.loss = loss.item<double>();
+      before_s = previous_s;
+      run_step();
+      ++result.warmup_steps_run;
     }
+    load_before = read_cpu_times();
+    at::Tensor last_loss;
+    while (true) {
+      const auto timed = static_cast<int64_t>(result.step_seconds.size());
+      if (timed >= 1) {
+        if (!room_for_a_step(1)) break;
+        if (timed >= options.max_steps()) break;
+        if (timed >= options.steps() && timed_s >= options.min_time_s()) break;
+      }
+      auto [loss, step_s, wait_s] = run_step();
+      result.step_seconds.push_back(step_s);
+      result.wait_seconds.push_back(wait_s);
+      timed_s += step_s;
+      last_loss = loss;
+    }
+    result.loss = last_loss.item<double>();
     result.fits = true;
   } catch (const c10::OutOfMemoryError& e) {
     result.fits = false;
@@ -204,20 +215,29 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
                                format_bytes(result.usable_bytes),
                                format_bytes(result.capacity_bytes), margin_ * 100);
   }
-  if (!result.step_seconds.empty()) {
-    result.step_ms = median(result.step_seconds) * 1e3;
-    result.step_ms_spread = relative_spread(result.step_seconds);
-    result.samples_per_s = static_cast<double>(result.batch_size) / (result.step_ms / 1e3);
-    result.tokens_per_s = result.samples_per_s * static_cast<double>(result.sequence_length);
-    double total = 0;
-    double waiting = 0;
-    for (size_t i = 0; i < result.step_seconds.size(); ++i) {
-      total += result.step_seconds[i];
-      waiting += result.wait_seconds[i];
-    }
-    result.busy = total > 0 ? (total - waiting) / total : 0;
-  }
+  summarize_steps(result);
+  if (result.noisy) result.noise_cause = machine_load_cause(load_before, read_cpu_times());
   return result;
+}
+
+void summarize_steps(TrialResult& result) {
+  if (result.step_seconds.empty()) return;
+  std::vector<double> step_ms = result.step_seconds;
+  for (double& ms : step_ms) ms *= 1e3;
+  result.step_ms_ci = estimate_median(step_ms);
+  result.step_ms = result.step_ms_ci.median;
+  result.step_ms_spread = relative_spread(step_ms);
+  result.samples_per_s_ci = result.step_ms_ci.reciprocal(1e3 * static_cast<double>(result.batch_size));
+  result.samples_per_s = result.samples_per_s_ci.median;
+  result.tokens_per_s = result.samples_per_s * static_cast<double>(result.sequence_length);
+  result.noisy = result.step_ms_ci.noisy();
+  double total = 0;
+  double waiting = 0;
+  for (size_t i = 0; i < result.step_seconds.size(); ++i) {
+    total += result.step_seconds[i];
+    waiting += result.wait_seconds[i];
+  }
+  result.busy = total > 0 ? (total - waiting) / total : 0;
 }
 
 }  // namespace batchtune

@@ -312,25 +312,25 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
   }
 }
 
-std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
-                                                const RunIdentity& expected,
-                                                const CheckpointTarget& target) {
-  const std::string path = dir + "/" + kCheckpointFile;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  remove_stale_checkpoint_files(dir);
-  BudgetAllocator::UncountedScope uncounted;
-  const auto not_ours = [&](const std::string& why) {
-    return Error(fmt::format("--resume: {} is not a batchtune checkpoint ({}); delete it, or give "
-                             "another --checkpoint DIR to start afresh",
-                             path, why));
-  };
-  const auto corrupt = [&](const std::string& what) {
-    return Error(fmt::format("--resume: {} is corrupt ({}); restore a good copy, or delete it "
-                             "to start afresh",
-                             path, what));
-  };
-  torch::serialize::InputArchive archive;
+namespace {
+
+Error not_a_checkpoint(const std::string& path, const std::string& why) {
+  return Error(fmt::format("--resume: {} is not a batchtune checkpoint ({}); delete it, or give "
+                           "another --checkpoint DIR to start afresh",
+                           path, why));
+}
+
+Error corrupt_checkpoint(const std::string& path, const std::string& what) {
+  return Error(fmt::format("--resume: {} is corrupt ({}); restore a good copy, or delete it "
+                           "to start afresh",
+                           path, what));
+}
+
+/// Loads `path` into `archive` and returns its checked record (the JSON
+/// "meta"); throws `batchtune::Error` naming the file.
+nlohmann::json load_checked_meta(const std::string& path,
+                                 torch::serialize::InputArchive& archive) {
+  const auto not_ours = [&](const std::string& why) { return not_a_checkpoint(path, why); };
   nlohmann::json meta;
   try {
     archive.load_from(path, c10::Device(c10::kCPU));
@@ -346,7 +346,7 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
       throw not_ours("written by an older batchtune, without checksums");
     }
     if (static_cast<uint32_t>(crc_value.toInt()) != crc32_of(text.data(), text.size())) {
-      throw corrupt("its record does not match its checksum");
+      throw corrupt_checkpoint(path, "its record does not match its checksum");
     }
     meta = nlohmann::json::parse(text);
     if (meta.value("format", "") != kFormat) {
@@ -358,6 +358,37 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   } catch (const std::exception& e) {
     throw not_ours(first_line(e.what()));
   }
+  return meta;
+}
+
+}  // namespace
+
+std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir) {
+  const std::string path = dir + "/" + kCheckpointFile;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  BudgetAllocator::UncountedScope uncounted;
+  torch::serialize::InputArchive archive;
+  const nlohmann::json meta = load_checked_meta(path, archive);
+  try {
+    return identity_from_json(meta.at("identity"));
+  } catch (const std::exception& e) {
+    throw not_a_checkpoint(path, first_line(e.what()));
+  }
+}
+
+std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
+                                                const RunIdentity& expected,
+                                                const CheckpointTarget& target) {
+  const std::string path = dir + "/" + kCheckpointFile;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  remove_stale_checkpoint_files(dir);
+  BudgetAllocator::UncountedScope uncounted;
+  const auto not_ours = [&](const std::string& why) { return not_a_checkpoint(path, why); };
+  const auto corrupt = [&](const std::string& what) { return corrupt_checkpoint(path, what); };
+  torch::serialize::InputArchive archive;
+  const nlohmann::json meta = load_checked_meta(path, archive);
 
   CheckpointRecord record;
   std::vector<std::string> param_names;

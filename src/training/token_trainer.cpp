@@ -18,7 +18,7 @@
 namespace batchtune {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyTime = std::chrono::steady_clock;
 
 /// `batch`'s samples in two halves (the same samples and tokens), each
 /// padded to its own longest.
@@ -89,7 +89,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   TrainingStep step(workload, memory.device(), StepOptions().amp(plan.amp));
   TrainSummary summary;
   summary.world_size = 1;
-  const auto start = Clock::now();
+  const auto start = SteadyTime::now();
   double loss_since_log = 0;
   int64_t steps_since_log = 0;
   const int64_t epochs = options.steps() > 0 ? std::numeric_limits<int64_t>::max() : options.epochs();
@@ -183,7 +183,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
         event.epoch = epoch;
         event.loss = loss_since_log / static_cast<double>(steps_since_log);
         event.lr = lr;
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        const double seconds = std::chrono::duration<double>(SteadyTime::now() - start).count();
         event.samples_per_s = seconds > 0 ? static_cast<double>(summary.samples) / seconds : 0;
         event.memory_used_bytes = memory.live_bytes();
         event.memory_peak_bytes = memory.peak_bytes();
@@ -202,7 +202,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
                                     : static_cast<double>(next) / static_cast<double>(micro.size()));
     if (options.steps() > 0 && summary.steps >= options.steps()) break;
   }
-  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.seconds = std::chrono::duration<double>(SteadyTime::now() - start).count();
   summary.samples_per_s =
       summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
   summary.tokens_per_s =

@@ -30,10 +30,10 @@
 namespace batchtune {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyTime = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+double seconds_since(SteadyTime::time_point start) {
+  return std::chrono::duration<double>(SteadyTime::now() - start).count();
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -93,7 +93,7 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
 }
 
 void Trainer::settle_clock() {
-  const auto start = Clock::now();
+  const auto start = SteadyTime::now();
   memory_.synchronize();
   train_seconds_ += seconds_since(start);
 }
@@ -322,7 +322,7 @@ TrainSummary Trainer::run() {
           .seed(options_.seed()));
 
   while (step_ < total_steps_) {
-    const auto start = Clock::now();
+    const auto start = SteadyTime::now();
     if (before_step_) before_step_(step_);
     const double waited = loader.wait_seconds();
     const std::optional<Batch> batch = loader.next();

@@ -24,6 +24,9 @@ constexpr int64_t kPredictSecond = 16;
 // batches the peak is often the optimizer step's, not the activations', so
 // the first slope can be far too low; a scout trial on the way measures it.
 constexpr int64_t kPredictMaxGrowth = 8;
+// The answer is confirmed at most this many times: each failed confirmation
+// reopens the search below it.
+constexpr int64_t kMaxConfirmations = 2;
 // After a failure, predict aims just under it when the failure is this close
 // above the largest fit (the line was nearly right); further away it bisects.
 constexpr double kPredictCloseRatio = 1.25;
@@ -37,10 +40,13 @@ struct Bracket {
 Bracket bracket_of(const std::vector<TrialResult>& trials) {
   Bracket b;
   for (const auto& t : trials) {
-    if (t.fits) {
+    if (!t.fits && (!b.first_fail || t.batch_size < *b.first_fail)) b.first_fail = t.batch_size;
+  }
+  // A size that fitted once and failed when confirmed does not count: the
+  // largest fit is below every failure.
+  for (const auto& t : trials) {
+    if (t.fits && (!b.first_fail || t.batch_size < *b.first_fail)) {
       b.best_fit = std::max(b.best_fit, t.batch_size);
-    } else if (!b.first_fail || t.batch_size < *b.first_fail) {
-      b.first_fail = t.batch_size;
     }
   }
   return b;
@@ -134,6 +140,9 @@ std::optional<int64_t> next_predict(const std::vector<TrialResult>& trials,
   const int64_t upper = std::min(cap, b.first_fail.value_or(INT64_MAX) - 1);
   const int64_t lower = b.best_fit + 1;
   if (!predicted_limit(trials)) {
+    // One fit and a failure above it: bisect, never a step of one at a time
+    // down from the failure.
+    if (b.first_fail) return bisect(b);
     // One fit so far (or a flat curve): a second point further out.
     const int64_t second = b.best_fit < kPredictSecond ? kPredictSecond
                                                        : b.best_fit * kPredictMaxGrowth;
@@ -223,14 +232,38 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
   const double start = now();
   SearchResult result;
   result.strategy = options.strategy();
-  while (auto next = next_batch_size(result.trials, options)) {
-    if (now() - start >= options.time_budget_s()) {
-      result.hit_time_budget = true;
-      break;
-    }
-    result.trials.push_back(trial(*next));
+  const auto run = [&](int64_t batch) {
+    result.trials.push_back(trial(batch));
     result.steps += result.trials.back().steps_run;
     if (on_trial) on_trial(result.trials.back(), result.trials.size() - 1);
+  };
+  int64_t confirmations = 0;
+  while (true) {
+    while (auto next = next_batch_size(result.trials, options)) {
+      if (now() - start >= options.time_budget_s()) {
+        result.hit_time_budget = true;
+        break;
+      }
+      run(*next);
+    }
+    // The answer once more, after everything the trials since left behind
+    // (caches, workspaces, lazily loaded kernels): what a later probe or
+    // training at that size meets. A failure reopens the search below it.
+    const int64_t answer = bracket_of(result.trials).best_fit;
+    // power and backoff imitate Lightning's and accelerate's finders, which
+    // do not confirm: their trial counts stay comparable.
+    const bool imitation = options.strategy() == SearchStrategy::kPower ||
+                           options.strategy() == SearchStrategy::kBackoff;
+    if (!options.confirm() || imitation || answer < 1 || result.hit_time_budget ||
+        confirmations >= kMaxConfirmations) {
+      break;
+    }
+    ++confirmations;
+    run(answer);
+    if (result.trials.back().fits) {
+      result.confirmed = true;
+      break;
+    }
   }
   result.seconds = now() - start;
   const Bracket b = bracket_of(result.trials);
@@ -256,6 +289,7 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
   } else {
     result.stop_reason = fmt::format("{} fits", b.best_fit);
   }
+  if (result.confirmed) result.stop_reason += "; confirmed by a second trial at the end";
   return result;
 }
 

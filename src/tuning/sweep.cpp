@@ -1,18 +1,16 @@
 #include "batchtune/tuning/sweep.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "batchtune/common/error.h"
 
 namespace batchtune {
 namespace {
-
-// Predicted steps get this headroom, so that the longer trial lands past the
-// minimum time rather than just short of it (google/benchmark uses 1.4 too).
-constexpr double kStepGrowthHeadroom = 1.4;
 
 // Below this many samples the model and its optimizer leave the batch no
 // room: more memory (or less per sample) is the only way up.
@@ -34,6 +32,10 @@ SweepRow sweep_row(const TrialResult& trial) {
   row.samples_per_s = trial.samples_per_s;
   row.tokens_per_s = trial.tokens_per_s;
   row.step_ms = trial.step_ms;
+  row.samples_per_s_ci = trial.samples_per_s_ci;
+  row.step_ms_ci = trial.step_ms_ci;
+  row.noisy = trial.noisy;
+  row.noise_cause = trial.noise_cause;
   row.busy = trial.busy;
   row.peak_bytes = trial.peak_bytes;
   row.steps = trial.steps_run;
@@ -48,20 +50,9 @@ SweepRow sweep_row(const TrialResult& trial) {
   return row;
 }
 
-int64_t steps_needed(const TrialResult& trial) {
-  const auto timed = static_cast<int64_t>(trial.step_seconds.size());
-  double total = 0;
-  for (double s : trial.step_seconds) total += s;
-  if (timed == 0 || total <= 0 || total >= kSweepMinTimedSeconds) return timed;
-  const double predicted = static_cast<double>(timed) * kSweepMinTimedSeconds / total *
-                           kStepGrowthHeadroom;
-  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(predicted)), timed,
-                             kSweepMaxAutoSteps);
-}
-
 bool timed_well_enough(const TrialResult& trial) {
   return trial.fits && static_cast<int64_t>(trial.step_seconds.size()) >= kSweepTimedSteps &&
-         trial.step_ms_spread <= kSweepTargetSpread;
+         !trial.noisy;
 }
 
 Objective parse_objective(const std::string& name) {
@@ -97,7 +88,9 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   if (objective == Objective::kMaxFit) {
     return {largest->batch_size,
             fmt::format("max-fit: {} is the largest batch that fits ({:.1f} samples/s)",
-                        largest->batch_size, largest->samples_per_s)};
+                        largest->batch_size, largest->samples_per_s),
+            1.0,
+            {}};
   }
   const auto best = std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
     return a.samples_per_s < b.samples_per_s;
@@ -107,18 +100,58 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   for (const auto& row : rows) {
     if (row.samples_per_s >= floor && row.batch_size < chosen->batch_size) chosen = &row;
   }
-  if (chosen->batch_size == best->batch_size) {
-    return {chosen->batch_size,
-            fmt::format("throughput: {} is the fastest batch measured ({:.1f} samples/s); no "
-                        "smaller batch comes within {:.0f} % of it",
-                        chosen->batch_size, chosen->samples_per_s, tolerance * 100)};
+  Selection s;
+  s.batch_size = chosen->batch_size;
+  // Which rows the intervals leave in doubt: a smaller one that may be
+  // within the tolerance after all, and the chosen one when it may not be.
+  const double best_low = best->samples_per_s_ci.n > 0 ? best->samples_per_s_ci.low : best->samples_per_s;
+  const double best_high = best->samples_per_s_ci.n > 0 ? best->samples_per_s_ci.high : best->samples_per_s;
+  const auto high_of = [](const SweepRow& r) {
+    return r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.high : r.samples_per_s;
+  };
+  const auto low_of = [](const SweepRow& r) {
+    return r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.low : r.samples_per_s;
+  };
+  double level = 1;
+  for (const auto& row : rows) {
+    const bool smaller = row.batch_size < chosen->batch_size;
+    // A row without an interval (written by hand, not measured) counts as exact.
+    const double row_level = row.samples_per_s_ci.n > 0 ? row.samples_per_s_ci.level : 1.0;
+    if (smaller || &row == chosen || &row == &*best) level = std::min(level, row_level);
+    if (smaller && high_of(row) >= (1 - tolerance) * best_low) s.contenders.push_back(row.batch_size);
   }
-  return {chosen->batch_size,
-          fmt::format("throughput: {} reaches {:.1f} % of the best measured ({:.1f} samples/s "
-                      "at {}); past it a larger batch buys less than {:.0f} % more speed and "
-                      "only costs memory",
-                      chosen->batch_size, 100 * chosen->samples_per_s / best->samples_per_s,
-                      best->samples_per_s, best->batch_size, tolerance * 100)};
+  if (chosen != &*best && low_of(*chosen) < (1 - tolerance) * best_high) {
+    s.contenders.push_back(chosen->batch_size);
+  }
+  std::sort(s.contenders.begin(), s.contenders.end());
+  if (s.contenders.empty()) s.confidence = level;
+  const std::string ci = chosen->samples_per_s_ci.n > 0
+                             ? fmt::format(" [{:.1f}, {:.1f}]", chosen->samples_per_s_ci.low,
+                                           chosen->samples_per_s_ci.high)
+                             : "";
+  if (chosen == &*best) {
+    s.reason = fmt::format("throughput: {} is the fastest batch measured ({:.1f} samples/s{})",
+                           chosen->batch_size, chosen->samples_per_s, ci);
+  } else {
+    s.reason = fmt::format("throughput: {} reaches {:.1f} % of the best measured ({:.1f} samples/s "
+                           "at {}); past it a larger batch buys less than {:.0f} % more speed and "
+                           "only costs memory",
+                           chosen->batch_size, 100 * chosen->samples_per_s / best->samples_per_s,
+                           best->samples_per_s, best->batch_size, tolerance * 100);
+  }
+  if (s.confidence) {
+    s.reason += chosen == &*best
+                    ? fmt::format("; no smaller batch comes within {:.0f} % of it, at {} confidence",
+                                  tolerance * 100, format_level(*s.confidence))
+                    : fmt::format(", at {} confidence", format_level(*s.confidence));
+  } else {
+    std::vector<std::string> names;
+    for (int64_t b : s.contenders) names.push_back(std::to_string(b));
+    s.reason += fmt::format("; inconclusive: the intervals of batch {} overlap the {:.0f} % band "
+                            "below the best, so a re-measurement could choose otherwise",
+                            fmt::join(names, ", "), tolerance * 100);
+  }
+  return s;
 }
 
 Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, double tolerance) {
@@ -130,19 +163,36 @@ Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, d
   const auto at = std::find_if(sorted.begin(), sorted.end(),
                                [&](const auto& r) { return r.batch_size == chosen.batch_size; });
   const SweepRow& pick = at != sorted.end() ? *at : top;
-  if (1 - pick.busy > kInputBoundWait) {
-    return {"input-bound",
-            fmt::format("input-bound: the step waits for data {:.0f} % of the time at batch {}; "
-                        "add loader workers or pinned memory",
-                        100 * (1 - pick.busy), pick.batch_size)};
-  }
   if (top.batch_size < kMemoryBoundBatch) {
     return {"memory-bound",
             fmt::format("memory-bound: only {} sample(s) fit beside the model and its optimizer "
                         "state; use mixed precision, a smaller model or a larger device",
                         top.batch_size)};
   }
-  if (sorted.size() >= 2) {
+  // A reading of speed needs enough rows, and rows steady enough to read.
+  std::vector<int64_t> noisy;
+  for (const auto& r : sorted) {
+    if (r.noisy) noisy.push_back(r.batch_size);
+  }
+  if (sorted.size() < kDiagnosisMinRows) {
+    return {"inconclusive",
+            fmt::format("inconclusive: {} of the sweep's sizes timed, too few to read how "
+                        "throughput grows with the batch (needs {})",
+                        sorted.size(), kDiagnosisMinRows)};
+  }
+  if (pick.noisy || top.noisy || sorted.size() - noisy.size() < kDiagnosisMinRows) {
+    return {"inconclusive",
+            fmt::format("inconclusive: the timings of batch {} are too noisy (interval wider "
+                        "than ±{:.0f} %) to read what holds throughput back",
+                        fmt::join(noisy, ", "), 100 * kNoisyHalfWidth)};
+  }
+  if (1 - pick.busy > kInputBoundWait) {
+    return {"input-bound",
+            fmt::format("input-bound: the step waits for data {:.0f} % of the time at batch {}; "
+                        "add loader workers or pinned memory",
+                        100 * (1 - pick.busy), pick.batch_size)};
+  }
+  {
     const SweepRow& below = sorted[sorted.size() - 2];
     const bool fastest_is_largest = std::all_of(sorted.begin(), sorted.end(), [&](const auto& r) {
       return r.samples_per_s <= top.samples_per_s;
@@ -162,43 +212,83 @@ Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, d
                       pick.batch_size, 100 * pick.busy)};
 }
 
-std::vector<SweepRow> run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
-                                const std::vector<int64_t>& grid,
-                                const std::vector<TrialResult>& search_trials) {
-  std::vector<SweepRow> rows;
-  for (int64_t batch : grid) {
+SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
+                       const std::vector<int64_t>& grid,
+                       const std::vector<TrialResult>& search_trials,
+                       const SweepOptions& options) {
+  const Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
+  const auto seconds_left = [&] { return options.deadline_s - clock.now_s(); };
+  const auto calibrated = [](int64_t batch, double slice_s) {
+    return TrialOptions()
+        .batch_size(batch)
+        .steps(kSweepTimedSteps)
+        .warmup_steps(kSweepWarmupSteps)
+        .max_warmup_steps(kSweepMaxWarmupSteps)
+        .min_time_s(kSweepMinTimedSeconds)
+        .max_time_s(slice_s);
+  };
+  SweepOutcome outcome;
+  std::map<int64_t, TrialResult> timed;  // by batch size, steps pooled
+  for (size_t i = 0; i < grid.size(); ++i) {
+    const int64_t batch = grid[i];
     const auto reused = std::find_if(search_trials.begin(), search_trials.end(), [&](const auto& t) {
       return t.batch_size == batch && timed_well_enough(t);
     });
     if (reused != search_trials.end()) {
-      rows.push_back(sweep_row(*reused));
+      timed[batch] = *reused;
       continue;
     }
-    TrialResult result = trial(
-        TrialOptions().batch_size(batch).steps(kSweepTimedSteps).warmup_steps(kSweepWarmupSteps));
-    int64_t steps = result.steps_run;
-    const int64_t needed = result.fits ? steps_needed(result) : 0;
-    if (needed > kSweepTimedSteps) {
-      // Fast steps: time again, long enough for the clock and the noise.
-      TrialResult longer = trial(
-          TrialOptions().batch_size(batch).steps(needed).warmup_steps(kSweepWarmupSteps));
-      steps += longer.steps_run;
-      if (longer.fits) result = longer;
-    } else if (result.fits && result.step_ms_spread > kSweepTargetSpread) {
-      // A noisy machine: time again with more steps and keep the steadier one.
-      TrialResult longer = trial(TrialOptions()
-                                     .batch_size(batch)
-                                     .steps(kSweepMaxSteps - kSweepWarmupSteps)
-                                     .warmup_steps(kSweepWarmupSteps));
-      steps += longer.steps_run;
-      if (longer.fits && longer.step_ms_spread < result.step_ms_spread) result = longer;
+    const double left = seconds_left();
+    const double slice =
+        left * (1 - kSweepRemeasureShare) / static_cast<double>(grid.size() - i);
+    if (!timed.empty() && (left <= 0 || slice < kSweepMinSliceSeconds)) {
+      outcome.sizes_left_out = static_cast<int64_t>(grid.size() - i);
+      break;
     }
-    if (!result.fits) continue;
-    SweepRow row = sweep_row(result);
-    row.steps = steps;
-    rows.push_back(row);
+    TrialResult result = trial(calibrated(batch, std::max(slice, 0.0)));
+    if (result.fits) timed[batch] = std::move(result);
   }
-  return rows;
+  const auto rows_of = [&] {
+    std::vector<SweepRow> rows;
+    for (const auto& [batch, t] : timed) {
+      SweepRow row = sweep_row(t);
+      rows.push_back(row);
+    }
+    return rows;
+  };
+  // The choice's contenders again, interleaved (one trial each per round, so
+  // that a burst of load falls on all of them), until they are told apart.
+  while (options.objective == Objective::kThroughput && !timed.empty() &&
+         outcome.remeasure_rounds < kSweepMaxRemeasureRounds) {
+    const Selection s = select_batch(rows_of(), Objective::kThroughput, options.tolerance);
+    if (s.confidence) break;
+    std::vector<int64_t> again = s.contenders;
+    again.push_back(s.batch_size);
+    const auto best = std::max_element(timed.begin(), timed.end(), [](const auto& a, const auto& b) {
+      return a.second.samples_per_s < b.second.samples_per_s;
+    });
+    again.push_back(best->first);
+    std::sort(again.begin(), again.end());
+    again.erase(std::unique(again.begin(), again.end()), again.end());
+    const double slice = seconds_left() / static_cast<double>(again.size());
+    if (slice < kSweepMinSliceSeconds) break;
+    ++outcome.remeasure_rounds;
+    for (int64_t batch : again) {
+      const TrialResult more = trial(calibrated(batch, seconds_left() / static_cast<double>(again.size())));
+      if (!more.fits) continue;
+      TrialResult& pooled = timed[batch];
+      pooled.step_seconds.insert(pooled.step_seconds.end(), more.step_seconds.begin(),
+                                 more.step_seconds.end());
+      pooled.wait_seconds.insert(pooled.wait_seconds.end(), more.wait_seconds.begin(),
+                                 more.wait_seconds.end());
+      pooled.steps_run += more.steps_run;
+      pooled.peak_bytes = std::max(pooled.peak_bytes, more.peak_bytes);
+      summarize_steps(pooled);
+      pooled.noise_cause = more.noisy ? more.noise_cause : pooled.noise_cause;
+    }
+  }
+  outcome.rows = rows_of();
+  return outcome;
 }
 
 void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <memory>
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
@@ -172,36 +173,39 @@ std::string no_fit_message(const SearchResult& search, const DeviceMemory& memor
       format_bytes(memory.capacity_bytes()), 100 * margin, needed);
 }
 
-/// The tune, once the runner exists: everything after the precision.
+/// The tune: the precision first, then everything at that precision.
 class Pipeline {
  public:
-  Pipeline(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter,
-           Workload* workload, std::string amp_reason)
-      : amp_reason_(std::move(amp_reason)),
-        runner_(runner),
+  /// `fixed_amp`: the subject's own precision, nothing to resolve.
+  Pipeline(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
+           TuneReporter* reporter, Workload* workload, std::optional<AmpChoice> fixed_amp)
+      : runner_at_(runner_at),
+        memory_(memory),
+        fixed_amp_(std::move(fixed_amp)),
         options_(options),
         reporter_(reporter != nullptr ? *reporter : silent_),
         workload_(workload),
         clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
         budget_(clock_, options.time_budget_s()) {}
 
+  ~Pipeline() {
+    for (auto& [runner, clock] : clocks_) runner->set_clock(*clock);
+  }
+
   TuneResult run() {
     validate(options_);
     TuneResult& r = result_;
-    DeviceMemory& memory = runner_.memory();
-    r.workload = runner_.subject().describe();
+    DeviceMemory& memory = memory_;
     r.device = memory.device().str();
-    r.amp = runner_.amp();
-    r.amp_reason = amp_reason_.empty() ? "amp " + amp_name(r.amp) + ": the subject's precision"
-                                       : amp_reason_;
     r.objective = options_.objective();
     r.capacity_bytes = memory.capacity_bytes();
     r.usable_bytes = memory.usable_bytes();
-    r.margin = runner_.margin();
+    r.margin = options_.margin();
     r.search_only = options_.search_only();
     r.time_budget_s = options_.time_budget_s();
     r.command_line = options_.command_line();
     try {
+      precision();
       search();
       if (!r.search_only && r.search.max_batch_size > 0) {
         lengths();
@@ -215,7 +219,16 @@ class Pipeline {
       // A signal inside a phase that polls it itself (the noise run, loader tuning).
       keep_partial_results(r, searched_, swept_, options_.search().strategy(), interrupt_name());
     }
+    if (r.workload.empty()) r.workload = runner_at_(AmpMode::kOff).subject().describe();
     finish_monitor();
+    const double elapsed = budget_.elapsed_s();
+    if (elapsed > r.time_budget_s * (1 + kTimeBudgetTolerance)) {
+      r.budget_note = fmt::format(
+          "the run took {:.1f} s against a time budget of {:.0f} s: its shortest trials (the "
+          "minimum warm-up and one timed step each) did not fit the budget; give a larger "
+          "--time-budget",
+          elapsed, r.time_budget_s);
+    }
     reporter_.finished(r);
     return std::move(r);
   }
@@ -226,11 +239,69 @@ class Pipeline {
     if (auto why = options_.stop()()) throw Stopped{*why};
   }
 
+  /// The runner at `amp`, timing its steps on the tune's clock.
+  TrialRunner& runner_at(AmpMode amp) {
+    TrialRunner& runner = runner_at_(amp);
+    if (clocks_.count(&runner) == 0) {
+      clocks_[&runner] = &runner.clock();
+      runner.set_clock(clock_);
+    }
+    return runner;
+  }
+
+  /// The precision every trial runs at, inside the budget: as asked, by
+  /// the GPU's capability, or on the CPU measured (bf16 against fp32).
+  void precision() {
+    TuneResult& r = result_;
+    const double seconds = budget_.begin_phase(kPrecisionBudgetShare);
+    AmpChoice choice;
+    const AmpMode requested = options_.amp();
+    if (fixed_amp_) {
+      choice = *fixed_amp_;
+    } else if (requested != AmpMode::kAuto || memory_.device().is_cuda()) {
+      choice = resolve_amp_unmeasured(requested, memory_.device());
+    } else {
+      reporter_.phase_started(
+          TunePhase::kPrecision,
+          fmt::format("amp auto: timing bf16 against fp32, interleaved (at most {:.0f} s)",
+                      seconds));
+      AmpMeasureOptions measure;
+      measure.clock = &clock_;
+      measure.deadline_s = clock_.now_s() + seconds;
+      measure.before_trial = [&](AmpMode, int64_t batch) {
+        check_stop();
+        reporter_.trial_started(TunePhase::kPrecision, batch);
+      };
+      size_t index = 0;
+      measure.after_trial = [&](const TrialResult& t) {
+        reporter_.trial_finished(TunePhase::kPrecision, t, index++);
+      };
+      choice = measure_cpu_amp(runner_at(AmpMode::kOff), runner_at(AmpMode::kBf16), measure);
+    }
+    DataParallel* data_parallel = options_.data_parallel();
+    if (data_parallel != nullptr && data_parallel->distributed()) {
+      // Rank 0's precision for every rank: one job trains at one precision.
+      const auto rank0 = static_cast<AmpMode>(data_parallel->min(
+          data_parallel->rank() == 0 ? static_cast<int64_t>(choice.mode) : INT64_MAX));
+      if (rank0 != choice.mode) {
+        choice = {rank0, fmt::format("amp {}: rank 0's choice (this rank's: {})", amp_name(rank0),
+                                     choice.reason),
+                  choice.confidence};
+      }
+    }
+    r.amp = choice.mode;
+    r.amp_reason = choice.reason;
+    r.amp_confidence = choice.confidence;
+    runner_ = &runner_at(choice.mode);
+    r.workload = runner_->subject().describe();
+    end_phase(TunePhase::kPrecision);
+  }
+
   TrialResult trial(TunePhase phase, const TrialOptions& trial_options) {
     check_stop();
     reporter_.trial_started(phase, trial_options.batch_size());
     const double t0 = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
-    TrialResult result = runner_.run(trial_options);
+    TrialResult result = runner_->run(trial_options);
     if (options_.monitor() != nullptr) {
       const double t1 = options_.monitor()->now_s();
       attach_readings(*options_.monitor(), result_.device, t0, t1, result);
@@ -279,7 +350,7 @@ class Pipeline {
     }
     // Not even batch 1 fitting is bad input, not a result: said before any table.
     if (found.max_batch_size < 1 && !found.trials.empty()) {
-      throw Error(no_fit_message(found, runner_.memory(), runner_.margin()));
+      throw Error(no_fit_message(found, memory_, options_.margin()));
     }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
@@ -313,7 +384,7 @@ class Pipeline {
           return t;
         },
         result_.search.trials, result_.search.max_batch_size, *range,
-        runner_.memory().usable_bytes() - gradient_reserve, options_.search().max_batch());
+        memory_.usable_bytes() - gradient_reserve, options_.search().max_batch());
     result_.tokens->reason += fmt::format(
         "; {} kept free for the gradients held while micro-batches accumulate",
         format_bytes(gradient_reserve));
@@ -330,25 +401,28 @@ class Pipeline {
                             fmt::format("timing {} batch sizes up to {} (at most {:.0f} s)",
                                         grid.size(), result_.search.max_batch_size, seconds));
     size_t index = 0;
-    bool out_of_time = false;
-    result_.sweep = run_sweep(
+    SweepOptions sweep_options;
+    sweep_options.clock = &clock_;
+    sweep_options.deadline_s = clock_.now_s() + seconds;
+    sweep_options.objective = options_.objective();
+    sweep_options.tolerance = options_.tolerance();
+    const SweepOutcome outcome = run_sweep(
         [&](const TrialOptions& o) {
-          if (budget_.phase_over() && index > 0) {
-            out_of_time = true;
-            return TrialResult();  // not fitted: the size is left out
-          }
           TrialResult t = trial(TunePhase::kSweep, o);
           swept_.push_back(t);
           reporter_.trial_finished(TunePhase::kSweep, t, index++);
           return t;
         },
-        grid, result_.search.trials);
-    std::sort(result_.sweep.begin(), result_.sweep.end(),
-              [](const SweepRow& a, const SweepRow& b) { return a.batch_size < b.batch_size; });
-    if (out_of_time) {
+        grid, result_.search.trials, sweep_options);
+    result_.sweep = outcome.rows;
+    if (outcome.sizes_left_out > 0) {
       sweep_note_ = fmt::format("the sweep's share of the time budget ({:.0f} s) ran out: {} of "
                                 "{} sizes timed",
                                 seconds, result_.sweep.size(), grid.size());
+    }
+    if (outcome.remeasure_rounds > 0) {
+      remeasure_note_ = fmt::format("the contenders were re-measured, interleaved, {} time(s)",
+                                    outcome.remeasure_rounds);
     }
     if (workload_ != nullptr) {
       if (const auto flops = workload_->model().forward_flops_per_sample()) {
@@ -364,6 +438,7 @@ class Pipeline {
     const bool plain = r.objective == Objective::kThroughput || r.objective == Objective::kMaxFit;
     r.selection = select_batch(r.sweep, plain ? r.objective : Objective::kThroughput,
                                options_.tolerance());
+    if (!remeasure_note_.empty()) r.selection.reason += "; " + remeasure_note_;
     if (!sweep_note_.empty()) r.selection.reason += "; " + sweep_note_;
     const std::string sampler_reason =
         options_.monitor() != nullptr ? options_.monitor()->sampler().unavailable_reason()
@@ -392,7 +467,7 @@ class Pipeline {
       reporter_.phase_started(TunePhase::kNoise,
                               fmt::format("noise scale: training {} steps on {} (at most {:.0f} s)",
                                           options_.noise_steps(), data->describe(), seconds));
-      goodput_global_batch_ = apply_goodput(r, options_, *workload_, runner_.memory(), *data);
+      goodput_global_batch_ = apply_goodput(r, options_, *workload_, memory_, *data);
       end_phase(TunePhase::kNoise);
       check_stop();
     }
@@ -412,13 +487,12 @@ class Pipeline {
     if (workload_ != nullptr) {
       PlanRequest planned = request;
       if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
-      plan = build_plan(planned, r.selection.batch_size, micro_reason, amp, *workload_,
-                        runner_.memory());
+      plan = build_plan(planned, r.selection.batch_size, micro_reason, amp, *workload_, memory_);
     } else {
       PlanRequest planned = request;
       if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
       plan = build_subject_plan(planned, r.selection.batch_size, micro_reason, amp,
-                                runner_.memory().device().is_cuda());
+                                memory_.device().is_cuda());
     }
     if (goodput_global_batch_ > 0) {
       plan.set_reason(PlanField::kGlobalBatch,
@@ -463,7 +537,7 @@ class Pipeline {
     const auto row = std::find_if(r.sweep.begin(), r.sweep.end(), [&](const auto& s) {
       return s.batch_size == plan.micro_batch_size;
     });
-    r.loader = tune_loader(runner_, *data, std::min(plan.micro_batch_size, data->size()),
+    r.loader = tune_loader(*runner_, *data, std::min(plan.micro_batch_size, data->size()),
                            row != r.sweep.end() ? row->step_ms / 1000 : 0, plan.prefetch,
                            options_.seed(), std::max<int64_t>(1, options_.cores()),
                            [&] { return budget_.phase_over(); });
@@ -499,7 +573,7 @@ class Pipeline {
       r.utilization_details += "; n/a: " + missing;
       r.utilization_note += "; n/a: " + missing.substr(0, missing.find(": "));
     }
-    if (runner_.memory().device().is_cpu()) {
+    if (memory_.device().is_cpu()) {
       r.utilization_details += "; GPU utilization unavailable: " + gpu_unavailable_reason();
       r.utilization_note += "; no GPU";
     }
@@ -508,8 +582,11 @@ class Pipeline {
     }
   }
 
-  std::string amp_reason_;
-  TrialRunner& runner_;
+  const RunnerAt& runner_at_;
+  DeviceMemory& memory_;
+  std::optional<AmpChoice> fixed_amp_;
+  TrialRunner* runner_ = nullptr;  // at the resolved precision
+  std::map<TrialRunner*, const Clock*> clocks_;  // each runner's own, put back at the end
   const TuneOptions& options_;
   TuneReporter silent_;
   TuneReporter& reporter_;
@@ -523,6 +600,7 @@ class Pipeline {
   std::optional<int64_t> own_max_batch_;
   int64_t goodput_global_batch_ = 0;
   std::string sweep_note_;
+  std::string remeasure_note_;
 };
 
 }  // namespace
@@ -535,9 +613,10 @@ void validate(const TuneOptions& options) {
   if (!(options.margin() >= 0 && options.margin() < 1)) {
     throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", options.margin()));
   }
-  if (!(options.time_budget_s() > 0)) {
-    throw Error(fmt::format("--time-budget: must be positive seconds, got {}",
-                            options.time_budget_s()));
+  if (!(options.time_budget_s() >= kMinTimeBudgetSeconds)) {
+    throw Error(fmt::format("--time-budget: must be at least {:.0f} s, got {}; a tune needs time "
+                            "for its precision, search and sweep",
+                            kMinTimeBudgetSeconds, options.time_budget_s()));
   }
   if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
     throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
@@ -573,21 +652,32 @@ std::string to_string(TunePhase phase) {
   return "?";
 }
 
+TuneResult tune(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter, Workload* workload) {
+  return Pipeline(runner_at, memory, options, reporter, workload, std::nullopt).run();
+}
+
 TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter,
                 Workload* workload) {
-  return Pipeline(runner, options, reporter, workload, "").run();
+  const RunnerAt same = [&](AmpMode) -> TrialRunner& { return runner; };
+  const AmpChoice own{runner.amp(), "amp " + amp_name(runner.amp()) + ": the subject's precision",
+                      1.0};
+  TuneOptions resolved = options;
+  resolved.margin(runner.margin());
+  return Pipeline(same, runner.memory(), resolved, reporter, workload, own).run();
 }
 
 TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
                 TuneReporter* reporter) {
   validate(options);
-  // Precision first: every trial runs at the precision training will use.
-  if (reporter != nullptr && options.amp() == AmpMode::kAuto && memory.device().is_cpu()) {
-    reporter->phase_started(TunePhase::kPrecision, "amp auto: timing bf16 against fp32");
-  }
-  const AmpChoice amp = choose_amp(options.amp(), workload, memory, kAmpProbeMaxBatch);
-  TrialRunner runner(workload, memory, options.margin(), amp.mode);
-  return Pipeline(runner, options, reporter, &workload, amp.reason).run();
+  // One runner per precision the pipeline asks for, made when it asks.
+  std::map<AmpMode, std::unique_ptr<TrialRunner>> runners;
+  const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
+    auto& runner = runners[amp];
+    if (!runner) runner = std::make_unique<TrialRunner>(workload, memory, options.margin(), amp);
+    return *runner;
+  };
+  return tune(runner_at, memory, options, reporter, &workload);
 }
 
 TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch) {

@@ -1,4 +1,4 @@
-"""The README's "From Python" example runs on a CPU as written: a subprocess
+"""The README's Python quick start runs on a CPU as written: a subprocess
 of examples/python/from_python.py (ResNet-18 under an emulated 256 MiB
 device), with a shorter time budget (its --time-budget argument) so the
 default test run stays short."""
@@ -34,7 +34,7 @@ def test_readme_snippet_is_the_example():
     its data set, prints and the --time-budget argument; the README shows the
     default, 60 s)."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## From Python"):]
+    section = readme[readme.index("## Quick start (Python)"):]
     snippet = section[section.index("```python\n") + len("```python\n"):]
     snippet = snippet[:snippet.index("```")]
     example = (ROOT / "examples" / "python" / "from_python.py").read_text()

@@ -15,7 +15,9 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def example(heading: str) -> str:
     text = README.read_text()
     start = text.index(f"\n### {heading}\n")
-    end = text.index("\n### ", start + 1)
+    # To the next heading of the same level or above.
+    ends = [i for i in (text.find("\n### ", start + 1), text.find("\n## ", start + 1)) if i >= 0]
+    end = min(ends) if ends else len(text)
     blocks = re.findall(r"```python\n(.*?)```", text[start:end], re.S)
     assert len(blocks) == 1, f"{heading}: {len(blocks)} python blocks"
     return blocks[0]

@@ -20,10 +20,10 @@ def _max_fits_and_three_percent_above_does_not(model, optimizer, loss_fn, make_b
     best = result.max_batch_size
     assert best >= 4, result.trials
     at = batchtune.probe(model, optimizer, loss_fn, make_batch, batch_size=best,
-                         memory_limit=limit, steps=1)
+                         memory_limit=limit, steps=1, min_time=0)
     assert at.fits, at.error
     above = batchtune.probe(model, optimizer, loss_fn, make_batch,
-                            batch_size=math.ceil(best * 1.03), memory_limit=limit, steps=1)
+                            batch_size=math.ceil(best * 1.03), memory_limit=limit, steps=1, min_time=0)
     assert not above.fits
     assert above.failure in ("out_of_memory", "over_budget")
     return result
@@ -108,7 +108,15 @@ def test_tune_is_the_library_pipeline_with_the_cli_json(tmp_path):
     d = r.to_dict()
     assert d["time_budget_s"] == 8
     assert {"search", "sweep", "plan"} <= set(d["phase_seconds"])
-    assert d["amp"] == "off" and d["amp_reason"] == "amp off: as asked with amp='off'"
+    assert d["amp"] == "off" and d["amp_reason"] == "amp off: as asked with amp"
+    assert d["amp_confidence"] == 1.0  # asked for, nothing measured
+    assert "precision" in d["phase_seconds"]  # inside the budget, even when it took nothing
+    assert d["selection"]["confidence"] == "inconclusive" or 0 < d["selection"]["confidence"] <= 1
+    for row in d["sweep"]:
+        low, high = row["samples_per_s_ci"]
+        assert low <= row["samples_per_s"] <= high
+        assert isinstance(row["noisy"], bool)
+    assert r.sweep[0].samples_per_s_ci is not None
     assert d["threads"] == torch.get_num_threads()
     # The monitor ran (on the CPU: this process's CPU time, and no GPU).
     assert d["utilization_note"] and "no GPU" in d["utilization_note"]
@@ -128,7 +136,9 @@ def test_amp_auto_is_chosen_first_by_a_measured_step():
                        sweep=False)
     d = r.to_dict()
     assert d["amp"] in ("off", "bf16")
-    assert "bf16 autocast step" in d["amp_reason"], d["amp_reason"]
+    assert "interleaved rounds" in d["amp_reason"], d["amp_reason"]
+    assert d["amp_confidence"] == "inconclusive" or d["amp_confidence"] >= 0.95
+    assert d["phase_seconds"]["precision"] > 0
     assert r.plan.amp == d["amp"]
     assert all(t["amp"] == d["amp"] for t in d["trials"])  # every trial at that precision
     with pytest.raises(batchtune.Error, match="amp: fp16 autocast is for CUDA"):
@@ -184,7 +194,8 @@ def test_verbose_prints_the_cli_console_and_a_python_reporter_sees_every_trial(c
         subject = Subject(model, optimizer, classify_loss, image_batch((3, 16, 16)),
                           torch.device("cpu"), "off")
         runner = Runner(subject, memory, 0.1)
-        core = _core.tune(runner._cpp, _core.TuneOptions(max_batch=32, time_budget_s=5),
+        core = _core.tune(lambda amp: runner._cpp, memory,
+                          _core.TuneOptions(amp="off", max_batch=32, time_budget_s=5),
                           reporter=recorder)
     searched = [e for e in recorder.events if e[0] == "search"]
     swept = [e for e in recorder.events if e[0] == "sweep"]

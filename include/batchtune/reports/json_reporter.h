@@ -12,6 +12,11 @@ namespace batchtune {
 /// JSON of `batchtune env --json`. Field names are stable (see README).
 nlohmann::json to_json(const Environment& env);
 
+/// An interval as `[low, high]`, null for an estimate of no readings.
+nlohmann::json interval_json(const Estimate& estimate);
+/// A decision's confidence: the level reached, or "inconclusive".
+nlohmann::json confidence_json(const std::optional<double>& confidence);
+
 /// JSON of one trial, as `batchtune probe --json` writes it: `batch_size`,
 /// `fits`, `peak_bytes`, `capacity_bytes`, `usable_bytes`, `margin`,
 /// `step_ms`, `samples_per_s`, `error` (null when it fits) and more.

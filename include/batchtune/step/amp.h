@@ -1,17 +1,24 @@
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "batchtune/common/clock.h"
 
 namespace batchtune {
 
 class DeviceMemory;
 class TrialRunner;
 class Workload;
+struct TrialResult;
 
 /// Mixed precision of a plan. `kAuto` is only ever asked for: `choose_amp`
 /// turns it into one of the other three before a plan holds it.
@@ -55,17 +62,43 @@ class AutocastGuard {
 /// this much faster than fp32: on this project's AVX2 machines it was ~12x
 /// slower, and a marginal gain is not worth the lost precision.
 constexpr double kCpuBf16MinSpeedup = 1.10;
-/// On the CPU `amp auto` times bf16 against fp32 at this micro-batch at
-/// most: the ratio is what matters, and a 12x slower bf16 step at a large
-/// batch would cost more than the decision is worth.
+/// On the CPU `amp auto` times bf16 against fp32 at the largest batch both
+/// fit up to this one (halving from it on an out-of-memory): the ratio is
+/// what matters, and a 12x slower bf16 step at a large batch would cost more
+/// than the decision is worth.
 constexpr int64_t kAmpProbeMaxBatch = 32;
+/// Interleaved fp32 / bf16 rounds: at least enough for the interval of the
+/// ratio's median to reach `kConfidenceLevel` (6 rounds: [min, max] covers
+/// it with 96.9 %), and at most this many while it is still undecided.
+constexpr int64_t kAmpMinRounds = 6;
+constexpr int64_t kAmpMaxRounds = 12;
 /// bf16 on CUDA needs Ampere (compute capability 8.0) or newer.
 constexpr int kCudaBf16MinComputeMajor = 8;
 
-/// A resolved mixed-precision mode and the sentence that explains it.
+/// A resolved mixed-precision mode, the sentence that explains it, and how
+/// sure it is.
 struct AmpChoice {
   AmpMode mode = AmpMode::kOff;
   std::string reason;
+  /// The level the measurement reached; 1 where nothing was measured (asked
+  /// for, by the GPU's capability, from a plan or checkpoint); nullopt:
+  /// inconclusive, fp32 kept.
+  std::optional<double> confidence = 1.0;
+};
+
+/// How `measure_cpu_amp` spends its time.
+struct AmpMeasureOptions {
+  /// The largest batch compared (halved while either precision does not fit).
+  int64_t max_batch = kAmpProbeMaxBatch;
+  /// Null for the steady clock; no round starts past `deadline_s` (the
+  /// first always runs), and each trial gets its slice of what is left.
+  const Clock* clock = nullptr;
+  double deadline_s = std::numeric_limits<double>::infinity();
+  /// Called before every trial with its precision and batch (a reporter, a
+  /// stop check that throws).
+  std::function<void(AmpMode, int64_t)> before_trial;
+  /// Called after every trial.
+  std::function<void(const TrialResult&)> after_trial;
 };
 
 /// Resolves `requested`: anything but `auto` is kept (fp16 on a CPU is
@@ -78,15 +111,28 @@ struct AmpChoice {
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
                      int64_t batch_size);
 
-/// `choose_amp`'s measurement on the CPU over any trial subject (the Python
-/// package's model): alternating rounds of steps at `batch_size` through
-/// `fp32` (a runner whose subject steps without autocast) and `bf16` (one
-/// whose subject steps under bf16 autocast), each side's fastest step.
-AmpChoice measure_cpu_amp(TrialRunner& fp32, TrialRunner& bf16, int64_t batch_size);
+/// `choose_amp` where nothing needs measuring: a mode asked for (fp16 on a
+/// CPU refused with `batchtune::Error`), or `auto` on CUDA by capability.
+AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device);
 
-/// The pure decision behind `choose_amp` on the CPU, from measured step
-/// times (ms); a bf16 step that did not fit is passed as nullopt.
-AmpChoice choose_cpu_amp(double fp32_step_ms, std::optional<double> bf16_step_ms);
+/// `choose_amp`'s measurement on the CPU over any trial subject (the Python
+/// package's model): interleaved rounds, each an fp32 trial through `fp32`
+/// (a runner whose subject steps without autocast) and a bf16 trial through
+/// `bf16` (one under bf16 autocast), at the largest batch both fit up to
+/// `options.max_batch`; each round gives the ratio of the two median step
+/// times, and `choose_cpu_amp` decides on their median's interval. Rounds
+/// go on (up to `kAmpMaxRounds`) while that is undecided and time is left.
+AmpChoice measure_cpu_amp(TrialRunner& fp32, TrialRunner& bf16,
+                          const AmpMeasureOptions& options = {});
+
+/// The pure decision behind `choose_amp` on the CPU, from the rounds'
+/// speed-ups (fp32 step time over bf16 step time, one per round) at
+/// `batch_size`: bf16 when the interval of their median lies at or above
+/// `kCpuBf16MinSpeedup` at `kConfidenceLevel`, off when it lies below;
+/// else inconclusive, fp32 kept (confidence nullopt). `bf16_fits == false`:
+/// bf16 did not fit where fp32 did.
+AmpChoice choose_cpu_amp(const std::vector<double>& speedups, int64_t batch_size,
+                         bool bf16_fits = true);
 /// The pure decision behind `choose_amp` on CUDA.
 AmpChoice choose_cuda_amp(int compute_major, int compute_minor);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "batchtune/common/clock.h"
+#include "batchtune/common/estimate.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/training_step.h"
 
@@ -30,14 +33,41 @@ using BatchSource = std::function<Batch(int64_t batch_size)>;
 /// probe (longer batches, checkpoints, a second optimizer state).
 constexpr double kDefaultMargin = 0.10;
 
-/// How one trial runs.
+/// Timed steps of a calibrated trial at most (`TrialOptions::max_steps`):
+/// google/benchmark caps its iterations too; a sub-microsecond step would
+/// otherwise need millions to fill a second.
+constexpr int64_t kMaxTrialSteps = 2000;
+/// Warm-up goes on while a step is more than 10 % faster than the one before
+/// (kernels still being compiled, oneDNN primitives built, cuDNN autotuning):
+/// timing then starts once the step time has settled.
+constexpr double kSettledRatio = 0.9;
+/// Settling warm-up steps may take this share of a trial's slice at most,
+/// so that the timed steps keep the rest.
+constexpr double kWarmupSliceShare = 0.5;
+
+/// How one trial runs. By default a fixed count of steps; given `min_time_s`
+/// it is calibrated as benchmark tools do: warm-up until the step time
+/// settles (up to `max_warmup_steps`), then timed steps until they add up to
+/// `min_time_s`, never past the trial's slice `max_time_s`.
 struct TrialOptions {
   TORCH_ARG(int64_t, batch_size) = 1;
-  /// Timed steps.
+  /// Timed steps at least (when the slice allows more than one).
   TORCH_ARG(int64_t, steps) = 3;
-  /// Untimed steps before them: the first step allocates the optimizer state
-  /// and the allocators' caches, and LibTorch picks its kernels.
+  /// Untimed steps before them, at least: the first step allocates the
+  /// optimizer state and the allocators' caches, and LibTorch picks its
+  /// kernels.
   TORCH_ARG(int64_t, warmup_steps) = 1;
+  /// More warm-up steps, up to this many in all, while the step time is
+  /// still falling (see `kSettledRatio`); 0 for exactly `warmup_steps`.
+  TORCH_ARG(int64_t, max_warmup_steps) = 0;
+  /// Timed steps go on until they add up to this many seconds (0: exactly
+  /// `steps`), up to `max_steps`.
+  TORCH_ARG(double, min_time_s) = 0;
+  TORCH_ARG(int64_t, max_steps) = kMaxTrialSteps;
+  /// The trial's slice of the time budget, from its start: no step starts
+  /// that the one before says would end past it. The minimum warm-up and
+  /// one timed step always run (the memory is measured whatever the time).
+  TORCH_ARG(double, max_time_s) = std::numeric_limits<double>::infinity();
   /// Where each step's batch comes from; by default the subject's own batch
   /// (for a workload: one synthetic batch made before the first step and
   /// reused, so no data wait).
@@ -142,6 +172,8 @@ struct TrialResult {
   double margin = kDefaultMargin;
   /// Training steps run, warm-up included.
   int64_t steps_run = 0;
+  /// Of which untimed warm-up.
+  int64_t warmup_steps_run = 0;
   /// Seconds of each timed step: waiting for its batch, then computing.
   std::vector<double> step_seconds;
   /// Of which waiting for the input batch.
@@ -155,6 +187,15 @@ struct TrialResult {
   double step_ms = 0;         ///< median step time
   double step_ms_spread = 0;  ///< interquartile range / median (0 = steady)
   double samples_per_s = 0;   ///< batch size / median step time
+  /// The median step time (ms) with its confidence interval (see
+  /// `Estimate`), and the same as samples/s.
+  Estimate step_ms_ci;
+  Estimate samples_per_s_ci;
+  /// The interval is too wide to decide on (see `Estimate::noisy`), and
+  /// what the machine was doing meanwhile that likely made it so ("other
+  /// processes used 1.0 of 2 cores"; empty when nothing was seen).
+  bool noisy = false;
+  std::string noise_cause;
   /// Sequences: tokens per sample the trial ran at (0: no sequence input).
   int64_t sequence_length = 0;
   /// samples/s × sequence length (0 without a sequence).
@@ -193,6 +234,11 @@ class TrialRunner {
   /// `fits == false`; other errors (a shape mismatch) propagate.
   TrialResult run(const TrialOptions& options);
 
+  /// The clock steps are timed on (the steady clock unless set; a fake in
+  /// tests, which the subject's steps then advance). Must outlive the runner.
+  void set_clock(const Clock& clock) { clock_ = &clock; }
+  const Clock& clock() const { return *clock_; }
+
   /// Training steps run by all trials so far.
   int64_t total_steps() const { return total_steps_; }
   double margin() const { return margin_; }
@@ -207,12 +253,13 @@ class TrialRunner {
   TrialSubject* subject_;
   DeviceMemory& memory_;
   double margin_;
+  const Clock* clock_ = &steady_clock();
   int64_t total_steps_ = 0;
 };
 
-/// Median of `values` (0 for none).
-double median(std::vector<double> values);
-/// Interquartile range of `values` over their median (0 for fewer than 2).
-double relative_spread(std::vector<double> values);
+/// Fills `step_ms`, `step_ms_spread`, `samples_per_s`, `tokens_per_s`,
+/// `busy` and the intervals from `step_seconds` and `wait_seconds` (a
+/// sweep's re-measurement calls it again after adding steps).
+void summarize_steps(TrialResult& result);
 
 }  // namespace batchtune

@@ -88,6 +88,11 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
                                                 const RunIdentity& expected,
                                                 const CheckpointTarget& target);
 
+/// The identity recorded in `dir/checkpoint.pt` (nullopt when there is
+/// none), checked as `read_checkpoint` checks the file: a resume trains at
+/// the precision the run was written with, never a new measurement.
+std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir);
+
 /// Throws `batchtune::Error` naming the first field where `saved` (read from
 /// `path`) and `expected` differ, and the flag that sets it.
 void check_same_run(const RunIdentity& saved, const RunIdentity& expected,

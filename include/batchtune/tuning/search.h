@@ -45,6 +45,10 @@ struct SearchOptions {
   /// `predict` stops once the true limit is at most this share above the
   /// answer; 0 searches to the single sample like `binsearch`.
   TORCH_ARG(double, tolerance) = kDefaultSearchTolerance;
+  /// Runs the answer once more at the end (`predict`, `binsearch`): a size
+  /// that fitted only before other trials' leftovers (caches, workspaces,
+  /// lazily loaded kernels) reopens the search below it.
+  TORCH_ARG(bool, confirm) = true;
 };
 
 /// What a search found. `max_batch_size` is always a size that was tried
@@ -59,6 +63,8 @@ struct SearchResult {
   double seconds = 0;
   bool hit_time_budget = false;
   bool hit_max_batch = false;
+  /// The answer fitted again in a trial at the end of the search.
+  bool confirmed = false;
   /// Why the search stopped, in plain words.
   std::string stop_reason;
 };

@@ -4,29 +4,38 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "batchtune/tuning/search.h"
+#include "batchtune/common/clock.h"
+#include "batchtune/common/estimate.h"
 #include "batchtune/step/trial.h"
+#include "batchtune/tuning/search.h"
 
 namespace batchtune {
 
-/// Timed steps per sweep trial, after `kSweepWarmupSteps` untimed ones; more
-/// are run (up to `kSweepMaxSteps`) while the spread stays above
-/// `kSweepTargetSpread`.
+/// A sweep trial is calibrated (see `TrialOptions`): at least
+/// `kSweepTimedSteps` timed steps after `kSweepWarmupSteps` untimed ones,
+/// more warm-up (up to `kSweepMaxWarmupSteps`) while the step time still
+/// falls, and timed steps until they fill `kSweepMinTimedSeconds` — within
+/// the row's slice of the sweep's time.
 constexpr int64_t kSweepTimedSteps = 5;
-constexpr int64_t kSweepWarmupSteps = 2;
-constexpr int64_t kSweepMaxSteps = 20;
-constexpr double kSweepTargetSpread = 0.05;
-/// Fast steps are timed again with enough steps to fill this many seconds
-/// (up to `kSweepMaxAutoSteps`), as google/benchmark grows its iterations:
-/// a sub-millisecond step timed 5 times is mostly noise.
-/// One second: on shared machines shorter timings differed by 10-40 % from
-/// run to run (bench/sweep_quality).
+constexpr int64_t kSweepWarmupSteps = 1;
+constexpr int64_t kSweepMaxWarmupSteps = 10;
+/// One second, as google/benchmark's default minimum time: on shared
+/// machines shorter timings differed by 10-40 % from run to run
+/// (bench/sweep_quality).
 constexpr double kSweepMinTimedSeconds = 1.0;
-constexpr int64_t kSweepMaxAutoSteps = 2000;
+/// Share of the sweep's time kept for re-measuring the rows the choice
+/// cannot yet tell apart (see `run_sweep`).
+constexpr double kSweepRemeasureShare = 0.3;
+/// Rounds of interleaved re-measurement at most.
+constexpr int64_t kSweepMaxRemeasureRounds = 4;
+/// A row's slice below this is not worth starting when another row is
+/// already timed: the trial could give no more than a warm-up and one step.
+constexpr double kSweepMinSliceSeconds = 0.05;
 /// Default share of the best throughput within which the smallest batch is
 /// chosen: past that point a larger batch only costs memory.
 constexpr double kDefaultThroughputTolerance = 0.02;
@@ -42,6 +51,12 @@ struct SweepRow {
   /// Sequences: samples/s × tokens per sample (0 where the input is no sequence).
   double tokens_per_s = 0;
   double step_ms = 0;               ///< median
+  /// The medians with their confidence intervals (see `Estimate`).
+  Estimate samples_per_s_ci;
+  Estimate step_ms_ci;
+  /// The interval is too wide to decide on, and the likely cause.
+  bool noisy = false;
+  std::string noise_cause;
   double busy = 0;                  ///< compute / (compute + data wait)
   std::optional<double> utilization;          ///< device utilization %, mean
   int64_t peak_bytes = 0;
@@ -61,12 +76,8 @@ SweepRow sweep_row(const TrialResult& trial);
 /// costs about twice the forward).
 constexpr double kTrainingFlopsPerForwardFlop = 3;
 
-/// Timed steps a trial needs to fill `kSweepMinTimedSeconds`, predicted from
-/// the steps it ran (never fewer than it ran).
-int64_t steps_needed(const TrialResult& trial);
-
-/// Whether a search trial already timed `batch` well enough to stand as its
-/// sweep row.
+/// Whether a search trial already timed its batch well enough to stand as
+/// its sweep row: enough timed steps and an interval that is not noisy.
 bool timed_well_enough(const TrialResult& trial);
 
 /// What the sweep chooses for. `kGoodput` (throughput × statistical
@@ -78,15 +89,26 @@ enum class Objective { kThroughput, kMaxFit, kGoodput, kEnergy };
 Objective parse_objective(const std::string& name);
 std::string to_string(Objective objective);
 
-/// The chosen batch size and why, in plain words.
+/// The chosen batch size, why, in plain words, and how sure.
 struct Selection {
   int64_t batch_size = 0;
   std::string reason;
+  /// The confidence the choice reached (the lowest level of the intervals
+  /// it rests on), or nullopt: inconclusive, the intervals could not tell
+  /// the contenders apart (`contenders` names them).
+  std::optional<double> confidence;
+  /// Throughput: the rows whose intervals leave the choice open (empty when
+  /// it is conclusive).
+  std::vector<int64_t> contenders;
 };
 
-/// `throughput`: the smallest batch whose throughput is within `tolerance` of
-/// the best measured. `max-fit`: the largest row. Rows must not be empty;
-/// the objective one of those two.
+/// `throughput`: the smallest batch whose median throughput is within
+/// `tolerance` of the best measured. It is conclusive when every smaller
+/// row's interval lies below (1 − tolerance) × the best's, and the chosen
+/// row's (when it is not the best) above (1 − tolerance) × the best's upper
+/// end; else the rows in doubt are `contenders` and the confidence is
+/// inconclusive. `max-fit`: the largest row (conclusive: it fitted). Rows
+/// must not be empty; the objective one of those two.
 Selection select_batch(const std::vector<SweepRow>& rows, Objective objective,
                        double tolerance = kDefaultThroughputTolerance);
 
@@ -99,17 +121,44 @@ struct Diagnosis {
 };
 
 /// Reads the sweep: waiting for data, throughput still rising at the largest
-/// batch that fits, no room to grow, or saturated compute.
+/// batch that fits, no room to grow, or saturated compute. A reading of
+/// speed (all but memory-bound) needs `kDiagnosisMinRows` rows that are not
+/// noisy; with fewer the kind is `inconclusive` and the text says why.
+constexpr size_t kDiagnosisMinRows = 3;
 Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen,
                    double tolerance = kDefaultThroughputTolerance);
 
-/// Runs the sweep: a trial per grid size, more timed steps where the spread is
-/// large, reusing search trials that were timed well enough. `trial` runs one
-/// trial with the given options; rows come back in batch-size order, failed
-/// sizes left out.
-std::vector<SweepRow> run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
-                                const std::vector<int64_t>& grid,
-                                const std::vector<TrialResult>& search_trials = {});
+/// How the sweep spends its time: its deadline on `clock` (the end of the
+/// sweep's share of the tune's budget), and what the re-measurement decides.
+struct SweepOptions {
+  /// Null for the steady clock.
+  const Clock* clock = nullptr;
+  double deadline_s = std::numeric_limits<double>::infinity();
+  /// Re-measure the rows `select_batch` cannot tell apart, for this objective
+  /// and tolerance (only `kThroughput` re-measures).
+  Objective objective = Objective::kThroughput;
+  double tolerance = kDefaultThroughputTolerance;
+};
+
+/// What a sweep did besides its rows.
+struct SweepOutcome {
+  std::vector<SweepRow> rows;  ///< in batch-size order, failed sizes left out
+  /// Sizes of the grid that were not timed: the time ran out.
+  int64_t sizes_left_out = 0;
+  /// Rounds of re-measurement run, and whether the choice was still open after them.
+  int64_t remeasure_rounds = 0;
+};
+
+/// Runs the sweep: a calibrated trial per grid size (in the grid's order),
+/// each within its slice of what is left until the deadline (less
+/// `kSweepRemeasureShare`), reusing search trials that were timed well
+/// enough; then, while the choice is inconclusive and time is left, the
+/// contenders again, interleaved, their steps pooled with the first
+/// timing's. `trial` runs one trial with the given options.
+SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
+                       const std::vector<int64_t>& grid,
+                       const std::vector<TrialResult>& search_trials = {},
+                       const SweepOptions& options = {});
 
 /// Fills each row's achieved FLOP/s from the model's forward FLOPs per sample.
 void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample);

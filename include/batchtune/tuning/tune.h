@@ -39,10 +39,20 @@ std::string to_string(TunePhase phase);
 /// quick search leaves the sweep more time. The search decides the answer
 /// that matters most (what fits) and the sweep the throughput choice; the
 /// noise run and loader tuning refine the plan.
-constexpr double kSearchBudgetShare = 0.40;
-constexpr double kSweepBudgetShare = 0.35;
+/// The precision phase (`amp auto` on a CPU) comes first and takes what it
+/// needs of its share; elsewhere it takes nothing and hands its share on.
+constexpr double kPrecisionBudgetShare = 0.10;
+constexpr double kSearchBudgetShare = 0.35;
+constexpr double kSweepBudgetShare = 0.30;
 constexpr double kNoiseBudgetShare = 0.15;
 constexpr double kLoaderBudgetShare = 0.10;
+/// A run ends within its budget plus this share (trials are sized to what
+/// is left, the minimum warm-up and one timed step excepted); past it the
+/// result's `budget_note` says why.
+constexpr double kTimeBudgetTolerance = 0.05;
+/// The least `--time-budget` taken: below it not even the precision and a
+/// search of a few trials fit on a fast model.
+constexpr double kMinTimeBudgetSeconds = 1;
 
 /// One reading of device utilization during the run, for the timeline plot.
 struct UtilizationPoint {
@@ -69,6 +79,9 @@ struct TuneResult {
   /// The precision every trial and sweep row ran at, and why.
   AmpMode amp = AmpMode::kOff;
   std::string amp_reason;
+  /// The level the precision's measurement reached (1 where nothing was
+  /// measured); nullopt: inconclusive, fp32 kept.
+  std::optional<double> amp_confidence = 1.0;
   SearchResult search;
   /// Data parallel: this rank's own largest batch (the search's is the job's,
   /// the smallest rank's).
@@ -102,6 +115,9 @@ struct TuneResult {
   /// The time budget of the whole run, and what each phase spent.
   double time_budget_s = 0;
   std::vector<std::pair<TunePhase, double>> phase_seconds;
+  /// Why the run took longer than its budget (plus `kTimeBudgetTolerance`);
+  /// empty when it did not.
+  std::string budget_note;
   /// `--objective goodput`: the noise-scale run, on what data, the base
   /// batch B0 of the efficiency, every candidate global batch and the choice.
   std::optional<NoiseScaleMeasurement> noise;
@@ -260,8 +276,19 @@ void validate(const TuneOptions& options);
 TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
                 TuneReporter* reporter = nullptr);
 
-/// The same over trials of any subject (a `TrialRunner` over the Python
-/// package's model): the precision is the subject's. Without a `workload`
+/// Trial runners of one subject, one for each precision the pipeline may
+/// pick (`kOff`, `kBf16`, `kFp16`); each must outlive the tune.
+using RunnerAt = std::function<TrialRunner&(AmpMode)>;
+
+/// The pipeline over any subject (the Python package's model), its
+/// precision resolved first from `options.amp()` as for a workload:
+/// `runner_at(amp)` gives the runner of each precision it measures or picks.
+/// Without a `workload` the noise run and loader tuning are skipped (with a
+/// note), and the plan records no workload.
+TuneResult tune(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter = nullptr, Workload* workload = nullptr);
+
+/// The same over trials of one runner: the precision is the subject's. Without a `workload`
 /// the noise run and loader tuning are skipped (with a note), and the plan
 /// records no workload.
 TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter = nullptr,
