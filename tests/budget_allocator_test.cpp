@@ -157,3 +157,30 @@ TEST_F(BudgetAllocatorTest, FreedBlocksAreCachedInListsThroughTheBlocks) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(BudgetAllocatorTest, KeepsEveryBlockOfAStepWhoseBlocksOverTimeExceedItsPeak) {
+  // A step as training runs it: its batch is freed before the activations
+  // peak, so its blocks over time are more than its peak at any moment.
+  // All of them must stay cached, or the largest is mapped again (and
+  // faulted in page by page) every step.
+  budget_.release_cached();
+  budget_.reset_peak();
+  const auto step = [] {
+    auto batch = torch::empty({3 * kMiB / 4}, torch::kFloat);  // 3 MiB
+    batch.reset();
+    std::vector<torch::Tensor> activations;
+    for (int i = 0; i < 3; ++i) activations.push_back(torch::empty({15 * kMiB}, torch::kFloat));
+  };
+  step();
+  const int64_t cached = budget_.cached_bytes();
+  EXPECT_GE(cached, 183 * kMiB) << "the batch and all three activation blocks";
+  step();
+  EXPECT_EQ(budget_.cached_bytes(), cached) << "the second step reused them all";
+  EXPECT_LE(cached, static_cast<int64_t>(1.25 * static_cast<double>(budget_.peak_bytes())) +
+                        kMiB);
+  budget_.release_cached();
+}
+
+}  // namespace

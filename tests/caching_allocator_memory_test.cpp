@@ -135,6 +135,26 @@ TEST(CachingAllocatorMemory, PeakCountsTheAllocatorAndTheHighestOutsideMemory) {
   EXPECT_NEAR(cap_before - cap_bytes(state), 100 * kMiB, 1.0);
 }
 
+TEST(CachingAllocatorMemory, TheOutsideBaselineIsFrozenAfterTheFirstTrialSoTheCapHolds) {
+  FakeDeviceState state;
+  state.used = 500 * kMiB;
+  auto memory = fake_memory(state, 8 * kGiB);
+  memory->reset_peak();
+  state.used += 300 * kMiB;  // the first trial loads kernels and handles
+  memory->synchronize();
+  memory->reset_peak();      // the second trial: the baseline follows, once
+  const int64_t cap = cap_bytes(state);
+  for (int trial = 0; trial < 3; ++trial) {
+    state.used += 20 * kMiB;  // later trials leave a little behind
+    memory->synchronize();
+    memory->reset_peak();
+    EXPECT_EQ(cap_bytes(state), cap) << "trial " << trial << ": the cap no longer moves";
+  }
+  // What grew since still counts in a trial's peak.
+  memory->synchronize();
+  EXPECT_EQ(memory->peak_bytes(), 800 * kMiB + 60 * kMiB);
+}
+
 TEST(CachingAllocatorMemory, ReportsTheAllocatorsOutOfMemoryCounter) {
   FakeDeviceState state;
   auto memory = fake_memory(state, std::nullopt);

@@ -96,6 +96,14 @@ TEST(Sweep, OverlappingIntervalsLeaveTheChoiceInconclusive) {
   EXPECT_EQ(s.reason.find("no smaller batch comes within"), std::string::npos) << s.reason;
 }
 
+TEST(Sweep, GoodputAndEnergyChoicesAreAsSureAsTheRowsTheyRead) {
+  std::vector<SweepRow> steady = {measured(8, 100, 0.01), measured(16, 300, 0.02)};
+  ASSERT_TRUE(rows_confidence(steady).has_value());
+  EXPECT_GE(*rows_confidence(steady), kConfidenceLevel);
+  steady.push_back(measured(32, 400, 0.5));
+  EXPECT_FALSE(rows_confidence(steady).has_value()) << "a noisy row: inconclusive";
+}
+
 TEST(Sweep, NoDiagnosisOfSpeedFromFewOrNoisyRows) {
   const auto two = rows({{32, 500}, {64, 800}});
   EXPECT_EQ(diagnose(two, select_batch(two, Objective::kThroughput)).kind, "inconclusive");

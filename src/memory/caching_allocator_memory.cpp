@@ -46,9 +46,15 @@ class CachingAllocatorMemory final : public DeviceMemory {
   int64_t peak_bytes() const override { return device_->stats().reserved_peak + outside_peak_; }
   void reset_peak() override {
     device_->reset_peak_stats();
-    // What lives outside the allocator may have grown since the last trial
-    // (a cuDNN handle, kernels loaded): the cap follows it.
-    outside_ = outside_now();
+    // What lives outside the allocator grows with the first steps (kernels
+    // loaded lazily, cuDNN and cuBLAS handles): the cap follows it until a
+    // trial has run, then the baseline is frozen, so that every later trial
+    // (and a probe of the answer) runs under the same cap. Growth after
+    // that still counts in each trial's peak (see synchronize).
+    if (!outside_frozen_) {
+      outside_ = outside_now();
+      outside_frozen_ = stepped_;
+    }
     outside_peak_ = outside_;
     apply_cap();
   }
@@ -56,6 +62,7 @@ class CachingAllocatorMemory final : public DeviceMemory {
   void release_cached() override { device_->empty_cache(); }
   void synchronize() override {
     device_->synchronize();
+    stepped_ = true;
     outside_peak_ = std::max(outside_peak_, outside_now());
   }
   std::string summary() const override {
@@ -87,6 +94,8 @@ class CachingAllocatorMemory final : public DeviceMemory {
   int64_t usable_ = 0;
   int64_t outside_ = 0;
   int64_t outside_peak_ = 0;
+  bool stepped_ = false;         // a step has run (synchronize was called)
+  bool outside_frozen_ = false;  // outside_ no longer re-read
 };
 
 }  // namespace

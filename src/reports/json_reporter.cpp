@@ -113,6 +113,7 @@ nlohmann::json to_json(const SearchResult& search) {
                                                      : nlohmann::json(nullptr)},
         {"hit_time_budget", search.hit_time_budget},
         {"hit_max_batch", search.hit_max_batch},
+        {"confirmed", search.confirmed},
         {"stop_reason", search.stop_reason}}},
       {"trials", trials},
   };

@@ -102,26 +102,28 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   }
   Selection s;
   s.batch_size = chosen->batch_size;
-  // Which rows the intervals leave in doubt: a smaller one that may be
-  // within the tolerance after all, and the chosen one when it may not be.
-  const double best_low = best->samples_per_s_ci.n > 0 ? best->samples_per_s_ci.low : best->samples_per_s;
-  const double best_high = best->samples_per_s_ci.n > 0 ? best->samples_per_s_ci.high : best->samples_per_s;
-  const auto high_of = [](const SweepRow& r) {
-    return r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.high : r.samples_per_s;
-  };
+  // Which rows the intervals leave in doubt. The true best is at least the
+  // largest lower end and at most the largest upper end; the choice holds
+  // when the chosen row is within the tolerance of every other row's upper
+  // end, and every smaller row's upper end lies below the tolerance band
+  // under the largest lower end.
   const auto low_of = [](const SweepRow& r) {
     return r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.low : r.samples_per_s;
   };
+  const auto high_of = [](const SweepRow& r) {
+    return r.samples_per_s_ci.n > 0 ? r.samples_per_s_ci.high : r.samples_per_s;
+  };
+  double surely_reached = 0;
+  for (const auto& row : rows) surely_reached = std::max(surely_reached, low_of(row));
   double level = 1;
   for (const auto& row : rows) {
-    const bool smaller = row.batch_size < chosen->batch_size;
     // A row without an interval (written by hand, not measured) counts as exact.
-    const double row_level = row.samples_per_s_ci.n > 0 ? row.samples_per_s_ci.level : 1.0;
-    if (smaller || &row == chosen || &row == &*best) level = std::min(level, row_level);
-    if (smaller && high_of(row) >= (1 - tolerance) * best_low) s.contenders.push_back(row.batch_size);
-  }
-  if (chosen != &*best && low_of(*chosen) < (1 - tolerance) * best_high) {
-    s.contenders.push_back(chosen->batch_size);
+    level = std::min(level, row.samples_per_s_ci.n > 0 ? row.samples_per_s_ci.level : 1.0);
+    if (&row == chosen) continue;
+    const bool may_be_within =
+        row.batch_size < chosen->batch_size && high_of(row) >= (1 - tolerance) * surely_reached;
+    const bool may_outrun = low_of(*chosen) < (1 - tolerance) * high_of(row);
+    if (may_be_within || may_outrun) s.contenders.push_back(row.batch_size);
   }
   std::sort(s.contenders.begin(), s.contenders.end());
   if (s.contenders.empty()) s.confidence = level;
@@ -147,11 +149,22 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
   } else {
     std::vector<std::string> names;
     for (int64_t b : s.contenders) names.push_back(std::to_string(b));
-    s.reason += fmt::format("; inconclusive: the intervals of batch {} overlap the {:.0f} % band "
-                            "below the best, so a re-measurement could choose otherwise",
-                            fmt::join(names, ", "), tolerance * 100);
+    s.reason += fmt::format("; inconclusive at {}: the intervals of batch {} cannot be told "
+                            "apart from it within {:.0f} %, so a re-measurement could choose "
+                            "otherwise",
+                            format_level(kConfidenceLevel), fmt::join(names, ", "),
+                            tolerance * 100);
   }
   return s;
+}
+
+std::optional<double> rows_confidence(const std::vector<SweepRow>& rows) {
+  double level = 1;
+  for (const auto& row : rows) {
+    if (row.noisy) return std::nullopt;
+    if (row.samples_per_s_ci.n > 0) level = std::min(level, row.samples_per_s_ci.level);
+  }
+  return level;
 }
 
 Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, double tolerance) {

@@ -122,6 +122,7 @@ void apply_energy(TuneResult& result, double eta, const std::string& sampler_rea
   if (result.objective == Objective::kEnergy && !result.sweep.empty()) {
     result.energy_costs = energy_costs(result.sweep, eta);
     result.selection = select_energy(result.sweep, eta, sampler_reason);
+    result.selection.confidence = rows_confidence(result.sweep);
   }
 }
 
@@ -155,6 +156,7 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& 
                           ? choice.reason
                           : "goodput: noise scale unbounded (" + noise.note +
                                 "), so every batch is equally efficient; " + choice.reason};
+  result.selection.confidence = rows_confidence(result.sweep);
   return choice.chosen.global_batch_size;
 }
 
@@ -222,12 +224,15 @@ class Pipeline {
     if (r.workload.empty()) r.workload = runner_at_(AmpMode::kOff).subject().describe();
     finish_monitor();
     const double elapsed = budget_.elapsed_s();
-    if (elapsed > r.time_budget_s * (1 + kTimeBudgetTolerance)) {
+    if (elapsed > r.time_budget_s * (1 + kTimeBudgetTolerance) && !r.phase_seconds.empty()) {
+      const auto longest = std::max_element(
+          r.phase_seconds.begin(), r.phase_seconds.end(),
+          [](const auto& a, const auto& b) { return a.second < b.second; });
       r.budget_note = fmt::format(
-          "the run took {:.1f} s against a time budget of {:.0f} s: its shortest trials (the "
-          "minimum warm-up and one timed step each) did not fit the budget; give a larger "
-          "--time-budget",
-          elapsed, r.time_budget_s);
+          "the run took {:.1f} s against a time budget of {:.0f} s, the {} phase {:.1f} s of "
+          "it: a trial's least measurement (its warm-up and one timed step) or a phase that is "
+          "not sliced (the noise run) outlasted what was left; give a larger --time-budget",
+          elapsed, r.time_budget_s, to_string(longest->first), longest->second);
     }
     reporter_.finished(r);
     return std::move(r);
@@ -429,12 +434,16 @@ class Pipeline {
         add_flops(result_.sweep, *flops);
       }
     }
-    end_phase(TunePhase::kSweep);
+    // The sweep's phase ends in choose(), once its rows are read: the
+    // console shows the table with the choice and the diagnosis.
   }
 
   void choose() {
     TuneResult& r = result_;
-    if (r.sweep.empty()) return;
+    if (r.sweep.empty()) {
+      end_phase(TunePhase::kSweep);
+      return;
+    }
     const bool plain = r.objective == Objective::kThroughput || r.objective == Objective::kMaxFit;
     r.selection = select_batch(r.sweep, plain ? r.objective : Objective::kThroughput,
                                options_.tolerance());
@@ -454,6 +463,7 @@ class Pipeline {
                                  "before memory ran out; raise --max-batch to try larger batches",
                                  options_.search().max_batch())};
     }
+    end_phase(TunePhase::kSweep);
     if (r.objective == Objective::kGoodput) {
       const double seconds = budget_.begin_phase(kNoiseBudgetShare);
       check_stop();

@@ -18,7 +18,7 @@ namespace batchtune {
 /// a training step allocates the same sizes every time, and handing them back
 /// to glibc made every step pay page faults (2-5x slower training here).
 /// Cached blocks do not count against the budget; `release_cached()` frees
-/// them and the cache never holds more than the peak live bytes.
+/// them and the cache never holds more than 1.25 x the peak live bytes.
 ///
 /// Install it before any tensor is made; tensors made before are not counted.
 ///

@@ -112,6 +112,11 @@ struct Selection {
 Selection select_batch(const std::vector<SweepRow>& rows, Objective objective,
                        double tolerance = kDefaultThroughputTolerance);
 
+/// The confidence of a choice that reads every row by more than its speed
+/// (goodput, energy): the lowest level of the rows' intervals, or nullopt
+/// (inconclusive) when one of them is noisy.
+std::optional<double> rows_confidence(const std::vector<SweepRow>& rows);
+
 /// What holds throughput back, as a kind and a sentence.
 struct Diagnosis {
   /// compute-bound, input-bound, memory-bound, small-batch-bound; tune adds
