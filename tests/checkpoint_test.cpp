@@ -287,6 +287,20 @@ TEST(CheckpointCli, ResumingWithAnotherOptimizerExitsTwoNamingIt) {
   EXPECT_EQ(r.output.find("INTERNAL ASSERT"), std::string::npos) << r.output;
 }
 
+TEST(CheckpointCli, AResumeTakesTheCheckpointsPrecisionAndMeasuresNothing) {
+  const std::string dir = fresh_dir("cli_amp");
+  const std::string common =
+      "train --model mlp --input 3x8x8 --device cpu --batch-size 8 --checkpoint " + dir;
+  ASSERT_EQ(batchtune::testing::run_cli(common + " --amp off --steps 2").exit_code, 0);
+  // amp auto (the default) on the resume: the checkpoint's, not a new measurement.
+  const auto r = batchtune::testing::run_cli(common + " --steps 4 --resume");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("amp off: from the checkpoint in " + dir), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("interleaved rounds"), std::string::npos) << "nothing measured";
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+}
+
 TEST(CheckpointCli, ResumingAFinishedRunReemitsItsSummary) {
   const std::string dir = fresh_dir("cli_finished");
   const std::string json = dir + "/summary.json";

@@ -253,6 +253,7 @@ TEST(Tune, TheTimeBudgetHoldsForTheWholeRunPrecisionIncluded) {
   // Within the budget plus its tolerance: every trial was sized to what was left.
   EXPECT_LE(clock.now_s(), kBudgetS * (1 + kTimeBudgetTolerance));
   EXPECT_TRUE(r.budget_note.empty()) << r.budget_note;
+  EXPECT_GE(r.threads, 1) << "the threads the trials ran on, not 0";
   // The precision ran first, inside the budget, and was measured to a decision.
   ASSERT_FALSE(r.phase_seconds.empty());
   EXPECT_EQ(r.phase_seconds.front().first, TunePhase::kPrecision);

@@ -220,15 +220,16 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                      data.test ? "; test: " + data.test->describe() : std::string());
   PlanRequest job_request = request;
   job_request.world_size = env.world_size;
-  if (flags.resume && !job_request.amp) {
+  std::string amp_from_checkpoint;
+  if (flags.resume && job_request.amp.value_or(AmpMode::kAuto) == AmpMode::kAuto) {
     // A resume trains at the precision the run was written with: a second
     // measurement of amp auto could answer otherwise, and the checkpoint
     // would then be refused.
     if (const auto saved = read_checkpoint_identity(flags.checkpoint)) {
       job_request.amp = parse_amp(saved->amp, "--resume");
-      if (job.primary()) {
-        out << fmt::format("amp {}: from the checkpoint in {}\n", saved->amp, flags.checkpoint);
-      }
+      amp_from_checkpoint = fmt::format("amp {}: from the checkpoint in {} (a resume trains at "
+                                        "the precision its run was written with)",
+                                        saved->amp, flags.checkpoint);
     }
   }
   if (!job_request.micro_batch_size && job_request.plan_file.empty()) {
@@ -254,6 +255,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     if (!flags.json.empty() && job.primary()) write_json_output(flags.json, to_json(stopped));
     return interrupt_exit_code();
   }
+  if (!amp_from_checkpoint.empty()) plan.set_reason(PlanField::kAmp, amp_from_checkpoint);
   print_plan(out, plan);
 
   Trainer trainer(*resolved.workload, *resolved.memory, plan, *data.train, data.test.get(),

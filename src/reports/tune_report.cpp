@@ -346,7 +346,7 @@ std::string html_report(const TuneResult& report) {
   SvgChart memory = chart("Peak memory against batch size", "batch size", "peak memory", true);
   memory.y_unit = AxisUnit::kBytes;
   if (max_fit > 0) speed.highlight_x = memory.highlight_x = {max_fit};
-  SvgSeries sps = series("samples/s (median, IQR bars)", "#2e86de");
+  SvgSeries sps = series("samples/s (median, 95 % interval bars)", "#2e86de");
   SvgSeries peak = series("sweep peak", "#27ae60");
   SvgSeries gflops = series("GFLOP/s", "#16a085");
   for (const auto& r : report.sweep) {

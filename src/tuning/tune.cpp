@@ -1,5 +1,6 @@
 #include "batchtune/tuning/tune.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -199,6 +200,7 @@ class Pipeline {
     TuneResult& r = result_;
     DeviceMemory& memory = memory_;
     r.device = memory.device().str();
+    r.threads = at::get_num_threads();
     r.objective = options_.objective();
     r.capacity_bytes = memory.capacity_bytes();
     r.usable_bytes = memory.usable_bytes();
