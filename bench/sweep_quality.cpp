@@ -53,8 +53,9 @@ int main(int argc, char** argv) {
       {"gpt", {128}, 64 * kMiB},
   };
   if (quick) cases.resize(2);
-  fmt::print("| workload | limit | max fits | chosen | chosen samples/s | grid best (batch) | "
-             "chosen / best | tune s (search + sweep) |\n|---|---|---|---|---|---|---|---|\n");
+  fmt::print("| workload | limit | max fits | chosen (confidence) | chosen samples/s | "
+             "grid best (batch) | chosen / best | tune s (search + sweep) |\n"
+             "|---|---|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     auto memory = make_device_memory(c10::Device(c10::kCPU), c.limit);
     Workload workload(workload_options(c));
@@ -82,9 +83,10 @@ int main(int argc, char** argv) {
       if (sps > best) best = sps, best_batch = b;
       if (b == chosen.batch_size) chosen_sps = sps;
     }
-    fmt::print("| {} | {} | {} | {} | {:.0f} | {:.0f} ({}) | {:.3f} | {:.1f} |\n", describe(c),
-               format_bytes(c.limit), search.max_batch_size,
-               chosen.batch_size, chosen_sps, best, best_batch, chosen_sps / best, tune_seconds);
+    fmt::print("| {} | {} | {} | {} ({}) | {:.0f} | {:.0f} ({}) | {:.3f} | {:.1f} |\n", describe(c),
+               format_bytes(c.limit), search.max_batch_size, chosen.batch_size,
+               chosen.confidence ? format_level(*chosen.confidence) : "inconclusive", chosen_sps,
+               best, best_batch, chosen_sps / best, tune_seconds);
     std::fflush(stdout);
   }
   return 0;
