@@ -60,8 +60,7 @@ int run_probe(const ProbeFlags& flags) {
                                             .steps(flags.steps)
                                             .warmup_steps(flags.warmup)
                                             .max_warmup_steps(flags.min_time > 0 ? std::max(flags.warmup, kSweepMaxWarmupSteps) : flags.warmup)
-                                            .min_time_s(flags.min_time)
-                                            .max_steps(std::max(flags.steps, kMaxTrialSteps)));
+                                            .min_time_s(flags.min_time));
   if (flags.json != "-") {
     fmt::print("{} on {}, {} thread(s)\n", resolved.workload->model().describe(),
                resolved.memory->device().str(), resolved.threads);

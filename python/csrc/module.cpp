@@ -127,8 +127,7 @@ void bind_trial(py::module_& m) {
                  .steps(steps)
                  .warmup_steps(warmup_steps)
                  .max_warmup_steps(max_warmup_steps)
-                 .min_time_s(min_time_s)
-                 .max_steps(std::max(steps, kMaxTrialSteps));
+                 .min_time_s(min_time_s);
            }),
            py::arg("batch_size") = 1, py::arg("steps") = 3, py::arg("warmup_steps") = 1,
            py::arg("max_warmup_steps") = 0, py::arg("min_time_s") = 0.0)

@@ -457,9 +457,10 @@ std::string html_report(const TuneResult& report) {
   }
   for (size_t i = 0; i < report.phases.size(); ++i) {
     const auto& ph = report.phases[i];
-    util.bands.push_back({ph.start_s, ph.end_s, std::to_string(ph.batch_size),
-                          ph.stage == "search" ? (i % 2 ? "#eeeeee" : "#e2e2e2")
-                                               : (i % 2 ? "#e3effa" : "#cfe3f6")});
+    const char* shade = ph.stage == "search"      ? (i % 2 ? "#eeeeee" : "#e2e2e2")
+                        : ph.stage == "precision" ? (i % 2 ? "#fdf2e0" : "#fae5c3")
+                                                  : (i % 2 ? "#e3effa" : "#cfe3f6");
+    util.bands.push_back({ph.start_s, ph.end_s, std::to_string(ph.batch_size), shade});
   }
   if (!u.points.empty()) {
     // The readings as a faint line, their mean over short windows on top:
@@ -484,7 +485,8 @@ std::string html_report(const TuneResult& report) {
     util.series.push_back(mean);
     utilization_html =
         render_svg(util) +
-        "<p class='note'>Grey bands: search trials; blue bands: sweep trials; the number is the "
+        "<p class='note'>Orange bands: precision trials (fp32 and bf16 in turn); grey: search "
+        "trials; blue: sweep trials; the number is the "
         "batch size that ran." +
         (over_100 ? " Readings above 100 % are drawn at 100 %." : "") + "</p>";
   } else {

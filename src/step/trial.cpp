@@ -168,7 +168,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
       const auto timed = static_cast<int64_t>(result.step_seconds.size());
       if (timed >= 1) {
         if (!room_for_a_step(1)) break;
-        if (timed >= options.max_steps()) break;
+        if (timed >= std::max(options.steps(), options.max_steps())) break;
         if (timed >= options.steps() && timed_s >= options.min_time_s()) break;
       }
       auto [loss, step_s, wait_s] = run_step();

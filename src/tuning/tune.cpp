@@ -275,12 +275,18 @@ class Pipeline {
       AmpMeasureOptions measure;
       measure.clock = &clock_;
       measure.deadline_s = clock_.now_s() + seconds;
+      double t0 = 0;
       measure.before_trial = [&](AmpMode, int64_t batch) {
         check_stop();
         reporter_.trial_started(TunePhase::kPrecision, batch);
+        if (options_.monitor() != nullptr) t0 = options_.monitor()->now_s();
       };
       size_t index = 0;
       measure.after_trial = [&](const TrialResult& t) {
+        if (options_.monitor() != nullptr) {
+          result_.phases.push_back({t0 - monitor_start_s_, options_.monitor()->now_s() - monitor_start_s_,
+                                    t.batch_size, to_string(TunePhase::kPrecision)});
+        }
         reporter_.trial_finished(TunePhase::kPrecision, t, index++);
       };
       choice = measure_cpu_amp(runner_at(AmpMode::kOff), runner_at(AmpMode::kBf16), measure);

@@ -61,7 +61,7 @@ struct TrialOptions {
   /// still falling (see `kSettledRatio`); 0 for exactly `warmup_steps`.
   TORCH_ARG(int64_t, max_warmup_steps) = 0;
   /// Timed steps go on until they add up to this many seconds (0: exactly
-  /// `steps`), up to `max_steps`.
+  /// `steps`), up to `max_steps` (or `steps`, when that is more).
   TORCH_ARG(double, min_time_s) = 0;
   TORCH_ARG(int64_t, max_steps) = kMaxTrialSteps;
   /// The trial's slice of the time budget, from its start: no step starts

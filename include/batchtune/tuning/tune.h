@@ -66,7 +66,7 @@ struct TimelinePhase {
   double start_s = 0;
   double end_s = 0;
   int64_t batch_size = 0;
-  std::string stage;  ///< "search", "sweep"
+  std::string stage;  ///< "precision", "search", "sweep"
 };
 
 /// Everything a tune found, as plain data; the console table, the JSON
