@@ -20,11 +20,15 @@ TEST(Plan, LrScalesLinearlyForSgdAndBySquareRootForAdam) {
   EXPECT_NEAR(sgd.lr, 0.2, 1e-12);
   EXPECT_EQ(sgd.warmup_steps, kWarmupStepsPerLrDoubling);  // lr doubled
 
-  const Plan adam = make_plan(
-      PlanOptions().micro_batch_size(32).target_batch(512).optimizer("adam").base_lr(1e-3));
+  const Plan adam = make_plan(PlanOptions()
+                                  .micro_batch_size(32)
+                                  .target_batch(512)
+                                  .optimizer("adam")
+                                  .base_lr(1e-3)
+                                  .base_batch(32));
   EXPECT_EQ(adam.lr_scaling, LrScaling::kSqrt);
   EXPECT_EQ(adam.accumulation_steps, 16);
-  EXPECT_NEAR(adam.lr, 4e-3, 1e-15);  // base batch = micro 32, sqrt(16) = 4
+  EXPECT_NEAR(adam.lr, 4e-3, 1e-15);  // sqrt(512 / 32) = 4
   EXPECT_EQ(adam.warmup_steps, 2 * kWarmupStepsPerLrDoubling);
 
   const Plan none = make_plan(
@@ -43,12 +47,118 @@ TEST(Plan, WithoutTargetTheGlobalBatchIsTheMicroBatch) {
   EXPECT_GE(plan.reasons.size(), 4U);
 }
 
-TEST(Plan, TargetNotAMultipleTakesTheNearestAndSaysSo) {
-  const Plan plan = make_plan(PlanOptions().micro_batch_size(64).target_batch(500));
-  EXPECT_EQ(plan.accumulation_steps, 8);
-  EXPECT_EQ(plan.global_batch_size, 512);
-  EXPECT_NE(plan.reasons[0].text.find("not a multiple"), std::string::npos) << plan.reasons[0].text;
-  EXPECT_NE(plan.reasons[0].text.find("+2.4 %"), std::string::npos) << plan.reasons[0].text;
+TEST(Plan, APrimeTargetAboveTheMicroBatchTakesTheNearestAndSaysSo) {
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(64).target_batch(1009));
+  EXPECT_EQ(plan.micro_batch_size, 64);
+  EXPECT_EQ(plan.accumulation_steps, 16);
+  EXPECT_EQ(plan.global_batch_size, 1024);
+  const std::string why = plan.reason(PlanField::kGlobalBatch);
+  EXPECT_NE(why.find("cannot be reached exactly"), std::string::npos) << why;
+  EXPECT_NE(why.find("+1.5 %"), std::string::npos) << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+}
+
+TEST(Plan, TheTargetIsReachedExactlyByASmallerMicroBatchTheSweepSaysCostsLittle) {
+  // 1000 = 50 x 20; 64 does not divide it. The sweep puts 50 at 1 % slower.
+  const std::vector<MeasuredSpeed> speeds = {{16, 700}, {32, 900}, {50, 990}, {64, 1000}};
+  const Plan plan =
+      make_plan(PlanOptions().micro_batch_size(64).target_batch(1000).speeds(speeds));
+  EXPECT_EQ(plan.micro_batch_size, 50);
+  EXPECT_EQ(plan.accumulation_steps, 20);
+  EXPECT_EQ(plan.global_batch_size, 1000);
+  const std::string micro = plan.reason(PlanField::kMicroBatch);
+  EXPECT_NE(micro.find("not the 64 chosen"), std::string::npos) << micro;
+  EXPECT_NE(micro.find("1.0 % slower"), std::string::npos) << micro;
+
+  // Past the tolerance, the nearest global batch with the chosen micro-batch.
+  const Plan slow = make_plan(PlanOptions()
+                                  .micro_batch_size(64)
+                                  .target_batch(1000)
+                                  .speeds({{32, 900}, {50, 950}, {64, 1000}}));
+  EXPECT_EQ(slow.micro_batch_size, 64);
+  EXPECT_EQ(slow.global_batch_size, 1024);
+  EXPECT_NE(slow.reason(PlanField::kGlobalBatch).find("speed tolerance"), std::string::npos)
+      << slow.reason(PlanField::kGlobalBatch);
+  // A wider tolerance accepts it.
+  EXPECT_EQ(make_plan(PlanOptions()
+                          .micro_batch_size(64)
+                          .target_batch(1000)
+                          .speeds({{32, 900}, {50, 950}, {64, 1000}})
+                          .speed_tolerance(0.06))
+                .micro_batch_size,
+            50);
+}
+
+TEST(Plan, WithoutSpeedsASmallerMicroBatchIsTakenDownToHalfOfTheChosen) {
+  EXPECT_EQ(make_plan(PlanOptions().micro_batch_size(64).target_batch(500)).micro_batch_size,
+            50);  // 500 = 50 x 10
+  EXPECT_EQ(make_plan(PlanOptions().micro_batch_size(64).target_batch(94)).micro_batch_size,
+            47);  // 94 = 47 x 2
+  // 134 = 2 x 67: no divisor from 32 to 64, so the nearest.
+  const Plan nearest = make_plan(PlanOptions().micro_batch_size(64).target_batch(134));
+  EXPECT_EQ(nearest.micro_batch_size, 64);
+  EXPECT_EQ(nearest.global_batch_size, 128);
+}
+
+TEST(Plan, ATargetBelowTheMicroBatchNeedsNoMore) {
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(825).target_batch(64));
+  EXPECT_EQ(plan.micro_batch_size, 64);
+  EXPECT_EQ(plan.accumulation_steps, 1);
+  EXPECT_EQ(plan.global_batch_size, 64);
+  EXPECT_NE(plan.reason(PlanField::kMicroBatch).find("needs no more"), std::string::npos)
+      << plan.reason(PlanField::kMicroBatch);
+}
+
+TEST(Plan, TheTargetCountsEveryProcess) {
+  // 1000 over 4 processes: 250 each = 50 x 5.
+  const Plan plan =
+      make_plan(PlanOptions().micro_batch_size(64).target_batch(1000).world_size(4));
+  EXPECT_EQ(plan.micro_batch_size, 50);
+  EXPECT_EQ(plan.accumulation_steps, 5);
+  EXPECT_EQ(plan.global_batch_size, 1000);
+  // Not a multiple of the processes: the nearest, saying why.
+  const Plan odd = make_plan(PlanOptions().micro_batch_size(64).target_batch(1001).world_size(4));
+  EXPECT_EQ(odd.global_batch_size % 4, 0);
+  EXPECT_NE(odd.reason(PlanField::kGlobalBatch).find("not a multiple of the 4 processes"),
+            std::string::npos)
+      << odd.reason(PlanField::kGlobalBatch);
+  // Fewer samples than a micro-batch on every process: a smaller micro-batch.
+  const Plan tiny = make_plan(PlanOptions().micro_batch_size(64).target_batch(6).world_size(4));
+  EXPECT_EQ(tiny.micro_batch_size, 2);
+  EXPECT_EQ(tiny.global_batch_size, 8);
+}
+
+TEST(Plan, MultipleOfRoundsTheMicroBatchDownAndSaysWhatItCost) {
+  const Plan plan = make_plan(
+      PlanOptions().micro_batch_size(70).multiple_of(8).speeds({{32, 800}, {64, 990}, {70, 1000}}));
+  EXPECT_EQ(plan.micro_batch_size, 64);
+  const std::string why = plan.reason(PlanField::kMicroBatch);
+  EXPECT_NE(why.find("multiple of 8"), std::string::npos) << why;
+  EXPECT_NE(why.find("1.0 % slower"), std::string::npos) << why;
+  // With a target, only multiples are taken: 256 = 64 x 4.
+  const Plan target = make_plan(PlanOptions().micro_batch_size(70).multiple_of(8).target_batch(256));
+  EXPECT_EQ(target.micro_batch_size, 64);
+  EXPECT_EQ(target.accumulation_steps, 4);
+  // Below the multiple: kept, and said.
+  const Plan small = make_plan(PlanOptions().micro_batch_size(5).multiple_of(8));
+  EXPECT_EQ(small.micro_batch_size, 5);
+  EXPECT_NE(small.reason(PlanField::kMicroBatch).find("no multiple of it fits"),
+            std::string::npos);
+  EXPECT_THROW(make_plan(PlanOptions().micro_batch_size(5).multiple_of(0)), Error);
+}
+
+TEST(Plan, TheLrIsScaledFromTheBatchItBelongsToAndNotWhenThatIsUnknown) {
+  const Plan known = make_plan(PlanOptions()
+                                   .micro_batch_size(256)
+                                   .optimizer("sgd")
+                                   .base_lr(0.1)
+                                   .base_batch(64));
+  EXPECT_NEAR(known.lr, 0.4, 1e-12);  // linear, 256 / 64
+  EXPECT_GT(known.warmup_steps, 0);    // the lr rose
+  const Plan unknown = make_plan(PlanOptions().micro_batch_size(256).optimizer("sgd").base_lr(0.1));
+  EXPECT_DOUBLE_EQ(unknown.lr, 0.1);
+  EXPECT_NE(unknown.reason(PlanField::kLr).find("unknown"), std::string::npos)
+      << unknown.reason(PlanField::kLr);
 }
 
 TEST(Plan, WarmupRuleGrowsWithTheScaleFactor) {
@@ -100,13 +210,17 @@ TEST(Plan, JsonRoundTripKeepsEveryField) {
                             .workers(3)
                             .pin_memory(true)
                             .prefetch(4));
+  plan.eval_micro_batch_size = 512;
+  plan.warnings = {"lr not scaled: a test"};
   const nlohmann::json json = to_json(plan);
   for (const char* key : {"micro_batch_size", "accumulation_steps", "world_size",
                           "global_batch_size", "lr", "lr_scaling", "warmup_steps", "amp",
-                          "workers", "pin_memory", "prefetch", "reasons", "workload"}) {
+                          "workers", "pin_memory", "prefetch", "eval_micro_batch_size", "reasons",
+                          "warnings", "workload"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 13U);
+  EXPECT_EQ(json.size(), 15U);
+  EXPECT_EQ(json["eval_micro_batch_size"], 512);
   const Plan back = plan_from_json(nlohmann::json::parse(json.dump()), "test");
   EXPECT_EQ(to_json(back), json);
   // As `tune --json` writes it: inside a `plan` field.

@@ -96,6 +96,22 @@ TEST(Sweep, OverlappingIntervalsLeaveTheChoiceInconclusive) {
   EXPECT_EQ(s.reason.find("no smaller batch comes within"), std::string::npos) << s.reason;
 }
 
+TEST(Sweep, RowsOfOneTimedStepLeaveTheChoiceInconclusiveNotAtZeroPercent) {
+  std::vector<SweepRow> single = {measured(16, 500, 0.01), measured(32, 900, 0.01)};
+  SweepRow one;
+  one.batch_size = 64;
+  one.samples_per_s_ci = estimate_median({1000});  // one step: an interval of no level
+  one.samples_per_s = 1000;
+  one.busy = 1;
+  single.push_back(one);
+  ASSERT_EQ(one.samples_per_s_ci.level, 0);
+  const Selection s = select_batch(single, Objective::kThroughput, 0.02);
+  EXPECT_EQ(s.batch_size, 64);
+  EXPECT_FALSE(s.confidence.has_value());
+  EXPECT_NE(s.reason.find("inconclusive"), std::string::npos) << s.reason;
+  EXPECT_EQ(s.reason.find("0 % confidence"), std::string::npos) << s.reason;
+}
+
 TEST(Sweep, GoodputAndEnergyChoicesAreAsSureAsTheRowsTheyRead) {
   std::vector<SweepRow> steady = {measured(8, 100, 0.01), measured(16, 300, 0.02)};
   ASSERT_TRUE(rows_confidence(steady).has_value());

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -27,7 +29,11 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 /// CPU budget, and takes no time.
 class FakeSubject final : public TrialSubject {
  public:
-  explicit FakeSubject(int64_t bytes_per_sample) : bytes_per_sample_(bytes_per_sample) {}
+  /// `forward_only_bytes_per_sample`: what a forward-only step holds; 0 for
+  /// a subject without one.
+  explicit FakeSubject(int64_t bytes_per_sample, int64_t forward_only_bytes_per_sample = 0)
+      : bytes_per_sample_(bytes_per_sample),
+        forward_only_bytes_per_sample_(forward_only_bytes_per_sample) {}
   std::string describe() const override { return "fake"; }
   void save() override { ++saves; }
   void prepare(int64_t batch_size) override { batch_size_ = batch_size; }
@@ -35,19 +41,27 @@ class FakeSubject final : public TrialSubject {
     ++steps;
     // Held while the loss is made, as activations are (never touched: the
     // budget counts the allocation, and the step takes no time).
-    const at::Tensor activations =
-        at::empty({batch_size_ * bytes_per_sample_}, at::TensorOptions().dtype(at::kByte));
+    const at::Tensor activations = at::empty(
+        {batch_size_ * (forward_only_ ? forward_only_bytes_per_sample_ : bytes_per_sample_)},
+        at::TensorOptions().dtype(at::kByte));
     (void)activations;
     return at::ones({});
   }
   void restore() override { ++restores; }
+  bool set_forward_only(bool on) override {
+    if (forward_only_bytes_per_sample_ == 0) return !on;
+    forward_only_ = on;
+    return true;
+  }
 
   int saves = 0;
   int restores = 0;
   int64_t steps = 0;
+  bool forward_only_ = false;
 
  private:
   int64_t bytes_per_sample_;
+  int64_t forward_only_bytes_per_sample_;
   int64_t batch_size_ = 0;
 };
 
@@ -96,6 +110,63 @@ TEST(Tune, FindsTheLimitOfAFakeCurveAndPlansIt) {
   EXPECT_EQ(json.at("trials").size(), r.search.trials.size());
 }
 
+TEST(Tune, AForwardOnlySearchGivesThePlanItsEvaluationBatch) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  // Training holds 64 KiB a sample, evaluation a quarter of it.
+  FakeSubject subject(64 * 1024, 16 * 1024);
+  TrialRunner runner(subject, *memory, 0.1);
+  Recorder recorder;
+  const TuneResult r = tune(runner, TuneOptions().time_budget_s(60), &recorder);
+  ASSERT_TRUE(r.eval_search.has_value());
+  ASSERT_TRUE(r.plan.has_value());
+  const int64_t limit = r.usable_bytes / (16 * 1024);
+  EXPECT_LE(r.eval_search->max_batch_size, limit);
+  EXPECT_GE(r.eval_search->max_batch_size, limit * 95 / 100) << r.eval_search->stop_reason;
+  EXPECT_GT(r.eval_search->max_batch_size, 3 * r.search.max_batch_size);
+  EXPECT_EQ(r.plan->eval_micro_batch_size, r.eval_search->max_batch_size);
+  EXPECT_NE(r.plan->reason(PlanField::kEvalBatch).find("forward-only"), std::string::npos);
+  EXPECT_FALSE(subject.forward_only_) << "training steps again after the tune";
+  EXPECT_EQ(subject.saves, subject.restores);
+  EXPECT_NE(std::find(recorder.phases.begin(), recorder.phases.end(), TunePhase::kEval),
+            recorder.phases.end());
+  const nlohmann::json json = to_json(r);
+  EXPECT_EQ(json.at("eval_search").at("max_batch_size"), r.eval_search->max_batch_size);
+  EXPECT_EQ(json.at("plan").at("eval_micro_batch_size"), r.plan->eval_micro_batch_size);
+  EXPECT_TRUE(json.at("phase_seconds").contains("eval"));
+
+  // A subject without a forward-only step: no evaluation batch, and said so.
+  FakeSubject train_only(64 * 1024);
+  TrialRunner train_runner(train_only, *memory, 0.1);
+  const TuneResult none = tune(train_runner, TuneOptions().time_budget_s(60));
+  EXPECT_FALSE(none.eval_search.has_value());
+  ASSERT_TRUE(none.plan.has_value());
+  EXPECT_EQ(none.plan->eval_micro_batch_size, 0);
+  EXPECT_TRUE(to_json(none).at("eval_search").is_null());
+}
+
+TEST(Tune, AForwardOnlyTrialOfAWorkloadKeepsNoGradientsAndLeavesTrainMode) {
+  // ResNet-18 has batch norm: eval mode changes its loss.
+  Workload workload(WorkloadOptions().model("resnet18").input_shape({3, 32, 32}));
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 1024 * kMiB);
+  TrialRunner runner(workload, *memory);
+  const TrialResult train = runner.run(TrialOptions().batch_size(8));
+  TrialResult eval;
+  {
+    ForwardOnlyScope forward_only(runner.subject());
+    ASSERT_TRUE(forward_only.supported());
+    eval = runner.run(TrialOptions().batch_size(8));
+  }
+  ASSERT_TRUE(train.fits && eval.fits);
+  EXPECT_LT(eval.peak_bytes, train.peak_bytes / 2) << "no activations kept for a backward";
+  for (const auto& p : workload.model().parameters()) EXPECT_FALSE(p.grad().defined());
+  // Training steps again afterwards, in train mode (batch norm's batch
+  // statistics: the same loss as before, which eval mode would not give).
+  const TrialResult again = runner.run(TrialOptions().batch_size(8));
+  EXPECT_NEAR(again.loss, train.loss, 1e-5 * std::abs(train.loss));
+  EXPECT_GT(std::abs(eval.loss - train.loss), 1e-3 * std::abs(train.loss))
+      << "eval mode: batch norm's running statistics";
+}
+
 TEST(Tune, ARunnerTunePlansWithTheRequestedOptimizersLrScaling) {
   // A subject without a Workload (the Python package's): the plan's default
   // lr scaling follows the optimizer the request names.
@@ -104,6 +175,7 @@ TEST(Tune, ARunnerTunePlansWithTheRequestedOptimizersLrScaling) {
   TrialRunner runner(subject, *memory, 0.1);
   PlanRequest request;
   request.target_batch = 4096;
+  request.base_batch = 256;  // the batch the lr belongs to: scaled from there
   const TuneResult adam = tune(runner, TuneOptions().time_budget_s(60).plan(request));
   ASSERT_TRUE(adam.plan.has_value());
   EXPECT_EQ(adam.plan->lr_scaling, LrScaling::kSqrt);
@@ -276,6 +348,25 @@ TEST(Tune, TheTimeBudgetHoldsForTheWholeRunPrecisionIncluded) {
   EXPECT_TRUE(json.at("phase_seconds").contains("precision"));
   EXPECT_TRUE(json.at("selection").contains("confidence"));
   EXPECT_TRUE(json.at("sweep").at(0).at("samples_per_s_ci").is_array());
+}
+
+TEST(Tune, ASearchAfterAnOverrunPrecisionPhaseStillRunsAndTheOverrunIsSaid) {
+  // Steps of 3 s against a 20 s budget: the precision's rounds outlast the
+  // precision's and the search's shares together.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
+  TimedSubject fp32(clock, AmpMode::kOff, 3000, 0);
+  TimedSubject bf16(clock, AmpMode::kBf16, 2000, 0);
+  TrialRunner fp32_runner(fp32, *memory, 0.1);
+  TrialRunner bf16_runner(bf16, *memory, 0.1);
+  const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
+    return amp == AmpMode::kBf16 ? bf16_runner : fp32_runner;
+  };
+  const TuneResult r = tune(runner_at, *memory, TuneOptions().time_budget_s(20).clock(&clock));
+  ASSERT_FALSE(r.phase_seconds.empty());
+  EXPECT_GT(r.phase_seconds.front().second, (kPrecisionBudgetShare + kSearchBudgetShare) * 20);
+  EXPECT_GE(r.search.max_batch_size, 1) << r.search.stop_reason;
+  EXPECT_FALSE(r.budget_note.empty());
 }
 
 TEST(Tune, ABudgetTooShortForEvenTheShortestTrialsSaysSo) {

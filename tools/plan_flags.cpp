@@ -18,7 +18,12 @@ void add_plan_flags(CLI::App& app, PlanFlags& flags) {
   app.add_option("--base-lr", flags.base_lr, "learning rate known to work at --base-batch")
       ->capture_default_str();
   app.add_option("--base-batch", flags.base_batch,
-                 "batch size --base-lr belongs to (default: the micro-batch)");
+                 fmt::format("batch size the lr belongs to; the lr is scaled from it to the "
+                             "global batch (default: {} for the default --lr; a --base-lr "
+                             "without it is not scaled)",
+                             kDefaultBaseBatch));
+  app.add_option("--multiple-of", flags.multiple_of,
+                 "round the micro-batch down to a multiple of N (8 for tensor cores)");
   app.add_option("--lr-scaling", flags.lr_scaling,
                  "linear, sqrt or none (default: linear for sgd, sqrt for adam/adamw)");
   app.add_option("--warmup", flags.warmup,
@@ -93,6 +98,7 @@ PlanRequest plan_request(const PlanFlags& flags, const CLI::App& app, double lr)
   if (given("--target-batch")) r.target_batch = flags.target_batch;
   if (given("--base-lr")) r.base_lr = flags.base_lr;
   if (given("--base-batch")) r.base_batch = flags.base_batch;
+  if (given("--multiple-of")) r.multiple_of = flags.multiple_of;
   if (given("--lr-scaling")) r.lr_scaling = parse_lr_scaling(flags.lr_scaling);
   if (given("--warmup")) r.warmup_steps = flags.warmup;
   // `--amp auto` given asks for auto even over a plan file's precision.

@@ -18,6 +18,7 @@ struct PlanFlags {
   int64_t target_batch = 0;
   double base_lr = 1e-3;
   int64_t base_batch = 0;
+  int64_t multiple_of = 1;
   std::string lr_scaling;
   int64_t warmup = -1;
   std::string amp = "auto";

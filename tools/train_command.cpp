@@ -268,6 +268,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .checkpoint_dir(flags.checkpoint)
                       .checkpoint_every(flags.checkpoint_every)
                       .resume(flags.resume)
+                      .eval_batch_size(plan.eval_micro_batch_size)
                       .measure_noise_scale(!flags.no_noise_scale));
   // Device utilization for the log lines: the mean over the last few seconds.
   Monitor monitor(make_sampler(resolved.memory->device()));

@@ -181,11 +181,13 @@ CommandRun add_tune_command(CLI::App& app) {
   cmd->add_option("--max-batch", flags->max_batch, "never try a batch above this")
       ->capture_default_str();
   cmd->add_option("--time-budget", flags->time_budget,
-                  fmt::format("seconds for the whole tune (search {:.0f} %, sweep {:.0f} %, noise "
-                              "run {:.0f} %, loader {:.0f} %, unused time handed on); it stops "
-                              "with the best found so far",
-                              100 * kSearchBudgetShare, 100 * kSweepBudgetShare,
-                              100 * kNoiseBudgetShare, 100 * kLoaderBudgetShare))
+                  fmt::format("seconds for the whole tune (precision {:.0f} %, search {:.0f} %, "
+                              "sweep {:.0f} %, noise run {:.0f} %, evaluation batch {:.0f} %, "
+                              "loader {:.0f} %, unused time handed on); it stops with the best "
+                              "found so far",
+                              100 * kPrecisionBudgetShare, 100 * kSearchBudgetShare,
+                              100 * kSweepBudgetShare, 100 * kNoiseBudgetShare,
+                              100 * kEvalBudgetShare, 100 * kLoaderBudgetShare))
       ->capture_default_str();
   cmd->add_option("--margin", flags->margin,
                   "share of the capacity kept free (fits = peak <= capacity x (1 - margin))")

@@ -23,9 +23,11 @@ def loss_fn(model, batch):    # your forward; returns the scalar loss
 
 result = batchtune.tune(model, optimizer, loss_fn, make_batch,
                         memory_limit="256MiB",      # CPU: the emulated device; omit on a GPU
-                        target_batch=256, time_budget=TIME_BUDGET, report="tune.html")
+                        target_batch=256, base_batch=256,  # lr=0.1 belongs to batch 256
+                        time_budget=TIME_BUDGET, report="tune.html")
 print("largest batch that fits:", result.max_batch_size)
 print("chosen micro-batch:", result.chosen_batch_size, "-", result.reason)
+print("evaluation batch:", result.eval_batch_size)
 print("plan:", {k: v for k, v in result.plan.to_dict().items() if k not in ("reasons", "workload")})
 
 # The plan in your own loop; this data set (two optimizer steps of random

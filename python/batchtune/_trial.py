@@ -35,6 +35,7 @@ class Subject(_core.TrialSubject):
         self.batch = None
         self.snapshot: Optional[TrainingSnapshot] = None
         self.failed = False
+        self.forward_only = False
 
     def describe(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())
@@ -45,15 +46,28 @@ class Subject(_core.TrialSubject):
         self.batch = to_device(self.make_batch(int(batch_size)), self.device)
 
     def step(self) -> torch.Tensor:
-        return self.train_step(self.batch)
+        if not self.forward_only:
+            return self.train_step(self.batch)
+        # Evaluation: forward and loss only, in eval mode, nothing kept for
+        # a backward pass.
+        self.model.eval()
+        with torch.no_grad(), self.train_step.autocast():
+            return self.loss_fn(self.model, self.batch).detach()
+
+    def set_forward_only(self, on: bool) -> bool:
+        self.forward_only = bool(on)
+        return True
 
     def save(self) -> None:
+        self.was_training = self.model.training
         self.snapshot = TrainingSnapshot(self.model, self.optimizer)
         if self.amp == "fp16":  # a fresh loss scale for every trial
             self.train_step.scaler = torch.amp.GradScaler(self.device.type)
 
     def restore(self) -> None:
         self.batch = None
+        if self.forward_only:
+            self.model.train(self.was_training)
         self.optimizer.zero_grad(set_to_none=True)
         if self.snapshot is not None:
             self.snapshot.restore()

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -130,6 +131,10 @@ class TuneResult:
     diagnosis: str
     seconds: float
     report: Optional[str]
+    eval_batch_size: int = 0
+    """The largest forward-only (evaluation) batch that fits, from a search
+    of `loss_fn` under `torch.no_grad()` with the model in eval mode; 0 when
+    it did not run (`sweep=False`). The plan's `eval_micro_batch_size`."""
     _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
@@ -239,7 +244,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          max_batch: int = 8192, tolerance: float = 0.02, search_tolerance: float = 0.02,
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
-         group: Optional[Any] = None, verbose: bool = False) -> TuneResult:
+         multiple_of: Optional[int] = None, group: Optional[Any] = None,
+         verbose: bool = False) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
     step, leaving no trace. It is the library's pipeline, the one `batchtune
@@ -256,7 +262,10 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             when a measured step is 10 % faster), "off", "bf16", "fp16".
         objective: "throughput" (the smallest batch within `tolerance` of the
             fastest) or "max-fit" (the largest).
-        target_batch: the logical batch to reach by gradient accumulation.
+        target_batch: the global batch to reach (micro-batch × accumulation ×
+            processes), exactly where a micro-batch up to the chosen one
+            divides it within `tolerance` of its speed, else the nearest (the
+            plan's reasons say which and what it cost).
         memory_limit: the CPU's emulated device size, or a cap on CUDA.
         margin: share of the capacity kept free.
         time_budget: seconds for the whole tune, shared as `batchtune tune
@@ -266,7 +275,11 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         report: path of the HTML report, or None.
         sweep: False stops after the search (the plan takes the maximum).
         base_lr, base_batch: the lr known to work at `base_batch` (default the
-            optimizer's lr, at the chosen micro-batch).
+            optimizer's lr). The plan scales it from `base_batch` to its global
+            batch; without `base_batch` it cannot, and warns (the plan's
+            `warnings`, and a Python warning).
+        multiple_of: round the micro-batch down to a multiple of this (8 for
+            tensor cores); the reason says what it cost.
         group: the `torch.distributed` process group (default: the world when
             initialised): the minimum over ranks, one plan to every rank.
         verbose: print `batchtune tune`'s console output (phases, tables,
@@ -299,7 +312,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             time_budget_s=float(time_budget), objective=objective, tolerance=tolerance,
             target_batch=target_batch, base_lr=lr, base_batch=base_batch,
             lr_scaling=lr_scaling, warmup_steps=warmup_steps,
-            optimizer=optimizer_kind(optimizer))
+            optimizer=optimizer_kind(optimizer), multiple_of=multiple_of)
         options.validate()
     except _core.Error as e:
         raise python_names(e) from None
@@ -332,10 +345,15 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if plan is not None:
         # Python's names for the flags, in the plan and in its JSON alike.
         plan.reasons = [python_text(reason) for reason in plan.reasons]
+        plan.warnings = [python_text(warning) for warning in plan.warnings]
         document["plan"]["reasons"] = list(plan.reasons)
+        document["plan"]["warnings"] = list(plan.warnings)
+        for warning in plan.warnings:
+            warnings.warn(f"batchtune: {warning}", stacklevel=2)
     return TuneResult(
         max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
         plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],
         sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
         reason=core.selection.reason, diagnosis=core.diagnosis.text,
-        seconds=time.perf_counter() - started, report=written, _json=document)
+        seconds=time.perf_counter() - started, report=written,
+        eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0, _json=document)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 import torch
 
 from . import _core
-from ._fit import micro_for_target, missing
+from ._fit import missing
 from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
@@ -212,7 +212,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                       objective=objective, memory_limit=memory_limit, margin=margin,
                       time_budget=time_budget,
                       report=report if args.process_index == 0 else None,
-                      base_lr=args.learning_rate, **kwargs)
+                      base_lr=args.learning_rate, base_batch=configured, **kwargs)
         kind = optimizer_kind(optimizer)
         del optimizer
     if not result.complete:
@@ -222,23 +222,28 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         reason = result.diagnosis or (result.trials[0].error if result.trials else "")
         raise _core.Error(f"memory_limit: not even batch 1 of {type(model).__name__} fits ({reason}); "
                           "give more memory or a smaller model")
-    micro, why = micro_for_target(chosen, target, world)
     plan_amp = result.plan.amp if result.plan is not None else "off"
-    # The same inputs on every process: the same plan on every process.
-    plan = Plan.make(micro, target_batch=target, world_size=world, base_lr=args.learning_rate,
+    # The same inputs on every process: the same plan on every process. The
+    # library's plan policy reaches the target exactly where it can.
+    plan = Plan.make(chosen, target_batch=target, world_size=world, base_lr=args.learning_rate,
                      base_batch=configured, optimizer=kind, lr_scaling=lr_scaling,
-                     warmup_steps=warmup, amp=plan_amp)
+                     warmup_steps=warmup, amp=plan_amp, multiple_of=kwargs.get("multiple_of", 1),
+                     speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
+                     tolerance=kwargs.get("tolerance", 0.02))
     head = [f"micro-batch {chosen}: {result.reason}"]
-    if why:
-        head.append(why)
     if result.plan is not None:
         plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
         head += [r for r in result.plan.reasons if r.startswith("amp")]
+    if result.eval_batch_size > 0:
+        plan.eval_micro_batch_size = max(result.eval_batch_size, plan.micro_batch_size)
+        head += [r for r in result.plan.reasons if r.startswith("eval batch")]
     plan.reasons = [python_text(r) for r in head + plan.reasons]
 
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,
                    learning_rate=plan.lr, bf16=plan.amp == "bf16", fp16=plan.amp == "fp16")
+    if plan.eval_micro_batch_size > 0:
+        changes["per_device_eval_batch_size"] = plan.eval_micro_batch_size
     # The plan's warm-up when it raised the lr, unless args already warm up longer.
     if plan.warmup_steps > 0 and not (args.warmup_steps >= 1 and args.warmup_steps >= plan.warmup_steps):
         changes["warmup_steps"] = plan.warmup_steps

@@ -28,7 +28,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import _core
-from ._fit import micro_for_target, missing
+from ._fit import missing
 from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
@@ -168,7 +168,7 @@ class BatchTune(Callback):
                               "off, bf16, fp16")
         if target_batch is not None and target_batch < 1:
             raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
-        for reserved in ("group", "device", "target_batch"):
+        for reserved in ("group", "device", "target_batch", "base_lr", "base_batch"):
             if reserved in tune_kwargs:
                 raise _core.Error(f"{reserved}: BatchTune sets it from the Trainer; leave it out")
         self.objective = objective
@@ -294,6 +294,7 @@ class BatchTune(Callback):
                           objective=self.objective, memory_limit=self.memory_limit,
                           margin=self.margin, time_budget=self.time_budget,
                           report=self.report if rank == 0 else None,
+                          base_lr=base_lr, base_batch=base_batch,
                           group=self._local_group(trainer), **kwargs)
         self.result = result
         if not result.complete:
@@ -309,21 +310,23 @@ class BatchTune(Callback):
             raise _core.Error(f"memory_limit: not even batch 1 of {type(pl_module).__name__} fits "
                               f"{'on some rank' if own >= 1 else 'here'} ({reason}); give more "
                               "memory or a smaller model")
-        micro, why = micro_for_target(job, self.target_batch, world)
         plan = None
         if rank == 0:
-            plan = Plan.make(micro, target_batch=self.target_batch, world_size=world,
+            # The library's plan policy: the target reached exactly by a
+            # smaller micro-batch where the sweep says it costs little.
+            plan = Plan.make(job, target_batch=self.target_batch, world_size=world,
                              base_lr=base_lr, base_batch=base_batch,
                              optimizer=optimizer_kind(optimizer),
                              lr_scaling=kwargs.get("lr_scaling"),
                              warmup_steps=kwargs.get("warmup_steps"),
-                             amp=result.plan.amp if result.plan is not None else amp)
+                             amp=result.plan.amp if result.plan is not None else amp,
+                             multiple_of=kwargs.get("multiple_of", 1),
+                             speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
+                             tolerance=kwargs.get("tolerance", 0.02))
             head = [f"micro-batch {job}: {result.reason}"]
             if world > 1:
                 head.append(f"micro-batch {job}: the smallest of the {world} ranks' choices "
                             f"(rank 0 chose {own})")
-            if why:
-                head.append(why)
             if result.plan is not None:  # tune's amp reason says how it was chosen
                 plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
                 head += [r for r in result.plan.reasons if r.startswith("amp")]

@@ -275,7 +275,10 @@ void bind_plan(py::module_& m) {
       [](int64_t micro_batch_size, int64_t target_batch, int64_t world_size, double base_lr,
          int64_t base_batch, const std::string& optimizer, const std::string& lr_scaling,
          int64_t warmup_steps, const std::string& amp, const std::string& amp_reason,
-         int64_t workers, bool pin_memory, int64_t prefetch) {
+         int64_t workers, bool pin_memory, int64_t prefetch, int64_t multiple_of,
+         const std::vector<std::pair<int64_t, double>>& speeds, double speed_tolerance) {
+        std::vector<MeasuredSpeed> measured;
+        for (const auto& [batch, samples_per_s] : speeds) measured.push_back({batch, samples_per_s});
         return dump(to_json(make_plan(PlanOptions()
                                           .micro_batch_size(micro_batch_size)
                                           .target_batch(target_batch)
@@ -289,14 +292,21 @@ void bind_plan(py::module_& m) {
                                           .amp_reason(amp_reason)
                                           .workers(workers)
                                           .pin_memory(pin_memory)
-                                          .prefetch(prefetch))));
+                                          .prefetch(prefetch)
+                                          .multiple_of(multiple_of)
+                                          .speeds(measured)
+                                          .speed_tolerance(speed_tolerance))));
       },
       py::arg("micro_batch_size"), py::arg("target_batch") = 0, py::arg("world_size") = 1,
       py::arg("base_lr") = 1e-3, py::arg("base_batch") = 0, py::arg("optimizer") = "adam",
       py::arg("lr_scaling") = "", py::arg("warmup_steps") = -1, py::arg("amp") = "off",
       py::arg("amp_reason") = "", py::arg("workers") = kDefaultWorkers,
       py::arg("pin_memory") = false, py::arg("prefetch") = kDefaultPrefetch,
-      "The plan as JSON text (the fields of `batchtune plan --json`).");
+      py::arg("multiple_of") = 1, py::arg("speeds") = std::vector<std::pair<int64_t, double>>{},
+      py::arg("speed_tolerance") = kDefaultThroughputTolerance,
+      "The plan as JSON text (the fields of `batchtune plan --json`); `speeds` are "
+      "(batch size, samples/s) rows for the cost of a smaller micro-batch that reaches "
+      "`target_batch` exactly.");
   m.def(
       "check_plan_json",
       [](const std::string& text, const std::string& source) {

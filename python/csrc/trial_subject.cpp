@@ -55,6 +55,16 @@ class PyTrialSubject : public TrialSubject {
     return parse_amp(self.attr("amp").cast<std::string>(), "amp");
   }
   void save() override { translated([&] { call("save"); }); }
+  bool set_forward_only(bool on) override {
+    bool supported = !on;  // a subject of the user's own without a forward-only step
+    translated([&] {
+      py::gil_scoped_acquire gil;
+      py::function method =
+          py::get_override(static_cast<const TrialSubject*>(this), "set_forward_only");
+      if (method) supported = method(on).cast<bool>();
+    });
+    return supported;
+  }
   void restore() override { translated([&] { call("restore"); }); }
 
  private:

@@ -157,7 +157,7 @@ void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel
   request.world_size = data_parallel.world_size();
   const std::string micro_reason = micro_batch_reason(
       r.selection.batch_size, r.selection.reason, r.rank_max_batch_size, r.search.max_batch_size);
-  const Plan plan = build_subject_plan(request, r.selection.batch_size, micro_reason,
+  const Plan plan = build_subject_plan(request, {r.selection.batch_size, micro_reason},
                                        {r.amp, r.amp_reason}, memory.device().is_cuda());
   r.plan = data_parallel.agree_plan(plan);
 }
@@ -229,7 +229,7 @@ void bind_tune(py::module_& m) {
                        std::optional<int64_t> target_batch, std::optional<double> base_lr,
                        std::optional<int64_t> base_batch, std::optional<std::string> lr_scaling,
                        std::optional<int64_t> warmup_steps, std::optional<std::string> optimizer,
-                       const std::string& command_line) {
+                       std::optional<int64_t> multiple_of, const std::string& command_line) {
              PlanRequest request;
              request.target_batch = target_batch;
              request.base_lr = base_lr;
@@ -237,6 +237,7 @@ void bind_tune(py::module_& m) {
              if (lr_scaling) request.lr_scaling = parse_lr_scaling(*lr_scaling, "lr_scaling");
              request.warmup_steps = warmup_steps;
              request.optimizer = optimizer;
+             request.multiple_of = multiple_of;
              return TuneOptions()
                  .amp(parse_amp(amp, "amp"))
                  .margin(margin)
@@ -258,7 +259,7 @@ void bind_tune(py::module_& m) {
            py::arg("target_batch") = py::none(), py::arg("base_lr") = py::none(),
            py::arg("base_batch") = py::none(), py::arg("lr_scaling") = py::none(),
            py::arg("warmup_steps") = py::none(), py::arg("optimizer") = py::none(),
-           py::arg("command_line") = "")
+           py::arg("multiple_of") = py::none(), py::arg("command_line") = "")
       .def_property_readonly("time_budget_s", [](const TuneOptions& o) { return o.time_budget_s(); })
       .def_property_readonly("max_batch", [](const TuneOptions& o) { return o.search().max_batch(); })
       .def("validate", [](const TuneOptions& o) { validate(o); });

@@ -20,6 +20,168 @@ constexpr int64_t kMaxRuleWarmupSteps = 500;
 
 std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
 
+/// The speed at `batch`, read from measured rows: linear in log(batch)
+/// between the two rows around it (a row itself where there is one);
+/// nullopt outside the rows.
+std::optional<double> speed_at(const std::vector<MeasuredSpeed>& speeds, int64_t batch) {
+  std::optional<MeasuredSpeed> below;
+  std::optional<MeasuredSpeed> above;
+  for (const MeasuredSpeed& s : speeds) {
+    if (s.batch_size < 1 || !(s.samples_per_s > 0)) continue;
+    if (s.batch_size == batch) return s.samples_per_s;
+    if (s.batch_size < batch && (!below || s.batch_size > below->batch_size)) below = s;
+    if (s.batch_size > batch && (!above || s.batch_size < above->batch_size)) above = s;
+  }
+  if (!below || !above) return std::nullopt;
+  const double t = std::log(static_cast<double>(batch) / static_cast<double>(below->batch_size)) /
+                   std::log(static_cast<double>(above->batch_size) /
+                            static_cast<double>(below->batch_size));
+  return below->samples_per_s + t * (above->samples_per_s - below->samples_per_s);
+}
+
+/// The divisors of `n` (n ≥ 1), largest first.
+std::vector<int64_t> divisors_descending(int64_t n) {
+  std::vector<int64_t> small;
+  std::vector<int64_t> large;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(d);
+    if (d != n / d) large.push_back(n / d);
+  }
+  std::vector<int64_t> all(large.begin(), large.end());
+  all.insert(all.end(), small.rbegin(), small.rend());
+  return all;
+}
+
+/// How a plan reaches its global batch.
+struct Split {
+  int64_t micro = 1;
+  int64_t accumulation = 1;
+  std::string micro_reason;   ///< empty when the micro-batch is the one given
+  std::string global_reason;
+};
+
+/// What a micro-batch of `size` costs against `reference`'s speed, in words.
+std::string cost_words(const std::vector<MeasuredSpeed>& speeds, int64_t size, int64_t reference) {
+  const auto speed = speed_at(speeds, size);
+  const auto reference_speed = speed_at(speeds, reference);
+  if (!speed || !reference_speed) return "its speed was not measured";
+  const double slower = 100.0 * (1 - *speed / *reference_speed);
+  return slower > 0.05 ? fmt::format("the sweep puts it {:.1f} % slower", slower)
+                       : std::string("the sweep puts it no slower");
+}
+
+/// The micro-batch and accumulation of a plan: the micro-batch given,
+/// rounded down to `multiple_of`; with a target, the largest micro-batch up
+/// to that one that divides the target's share of a process and costs no
+/// more than the tolerance (see `PlanOptions::target_batch`), else the
+/// nearest reachable global batch.
+Split split_global_batch(const PlanOptions& o) {
+  const int64_t chosen = o.micro_batch_size();
+  const int64_t multiple = o.multiple_of();
+  const int64_t world = o.world_size();
+  const std::string processes = world > 1 ? fmt::format(" on each of {} processes", world) : "";
+  Split split;
+  split.micro = chosen;
+  std::string multiple_note;
+  if (multiple > 1) {
+    if (chosen < multiple) {
+      multiple_note = fmt::format("kept, though below --multiple-of {}: no multiple of it fits",
+                                  multiple);
+    } else {
+      split.micro = chosen / multiple * multiple;
+    }
+  }
+  const auto aligned = [&](int64_t size) {
+    return multiple <= 1 || chosen < multiple || size % multiple == 0;
+  };
+  const int64_t target = o.target_batch();
+  if (target == 0) {
+    split.global_reason = fmt::format(
+        "global batch {}: the micro-batch {}{}, no accumulation (no {})", split.micro * world,
+        split.micro, world > 1 ? fmt::format(" x {} processes", world) : "",
+        o.target_batch_source());
+  } else {
+    const int64_t per_process = target / world;
+    std::optional<int64_t> exact;
+    if (target % world == 0 && per_process >= 1) {
+      const int64_t upper = std::min(split.micro, per_process);
+      const auto reference_speed = speed_at(o.speeds(), split.micro);
+      for (const int64_t size : divisors_descending(per_process)) {
+        if (size > upper || !aligned(size)) continue;
+        if (upper == per_process && size == upper) {
+          exact = size;  // the target's share itself: no accumulation
+          break;
+        }
+        const auto speed = speed_at(o.speeds(), size);
+        const bool affordable =
+            speed && reference_speed
+                ? *speed >= (1 - o.speed_tolerance()) * *reference_speed
+                : static_cast<double>(size) >=
+                      kUnmeasuredMicroBatchShare * static_cast<double>(split.micro);
+        if (affordable) exact = size;
+        break;  // smaller divisors cost more still
+      }
+    }
+    if (exact) {
+      if (*exact != split.micro) {
+        split.micro_reason =
+            *exact == per_process && per_process < split.micro
+                ? fmt::format("micro-batch {}, not the {} chosen: {} {} needs no more{}", *exact,
+                              chosen, o.target_batch_source(), target, processes)
+                : fmt::format("micro-batch {}, not the {} chosen: the largest that reaches {} {} "
+                              "exactly; {}",
+                              *exact, chosen, o.target_batch_source(), target,
+                              cost_words(o.speeds(), *exact, chosen));
+      }
+      split.micro = *exact;
+      split.accumulation = per_process / *exact;
+      split.global_reason =
+          split.accumulation == 1
+              ? fmt::format("global batch {}: {} {}, one micro-batch of {}{} per step", target,
+                            o.target_batch_source(), target, split.micro, processes)
+              : fmt::format("global batch {}: {} {} reached by accumulating {} micro-batches of "
+                            "{}{}",
+                            target, o.target_batch_source(), target, split.accumulation,
+                            split.micro, processes);
+    } else {
+      if (target < split.micro * world) {
+        // Below one micro-batch a process: a smaller micro-batch, not a
+        // global batch several times the target.
+        split.micro = std::max<int64_t>(
+            1, std::llround(static_cast<double>(target) / static_cast<double>(world)));
+        split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: {} {}{} needs no more",
+                                         split.micro, chosen, o.target_batch_source(), target,
+                                         processes);
+      }
+      const int64_t per_step = split.micro * world;
+      split.accumulation = std::max<int64_t>(
+          1, static_cast<int64_t>(std::llround(static_cast<double>(target) /
+                                               static_cast<double>(per_step))));
+      const int64_t reached = per_step * split.accumulation;
+      split.global_reason = fmt::format(
+          "global batch {}: {} {} cannot be reached exactly ({}); accumulating {} "
+          "micro-batches of {}{} gives the nearest, {:+.1f} % off",
+          reached, o.target_batch_source(), target,
+          target % world != 0
+              ? fmt::format("it is not a multiple of the {} processes", world)
+              : fmt::format("no micro-batch within the speed tolerance of {} divides {}",
+                            split.micro, per_process),
+          split.accumulation, split.micro, processes,
+          100.0 * static_cast<double>(reached - target) / static_cast<double>(target));
+    }
+  }
+  if (split.micro_reason.empty() && split.micro != chosen) {
+    split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: rounded down to a "
+                                     "multiple of {} (--multiple-of); {}",
+                                     split.micro, chosen, multiple,
+                                     cost_words(o.speeds(), split.micro, chosen));
+  } else if (!multiple_note.empty()) {
+    split.micro_reason = fmt::format("micro-batch {}: {}", split.micro, multiple_note);
+  }
+  return split;
+}
+
 }  // namespace
 
 std::optional<int64_t> checked_product(int64_t a, int64_t b) {
@@ -140,6 +302,14 @@ Plan make_plan(const PlanOptions& o) {
   if (o.workers() < 0 || o.prefetch() < 0) {
     throw Error("--workers/--prefetch: must not be negative");
   }
+  if (o.multiple_of() < 1 || o.multiple_of() > kMaxPlanCount) {
+    throw Error(fmt::format("--multiple-of: must be from 1 to {}, got {}", kMaxPlanCount,
+                            o.multiple_of()));
+  }
+  if (!(o.speed_tolerance() >= 0 && o.speed_tolerance() < 1)) {
+    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
+                            o.speed_tolerance()));
+  }
   Plan plan;
   plan.micro_batch_size = o.micro_batch_size();
   plan.world_size = o.world_size();
@@ -149,40 +319,21 @@ Plan make_plan(const PlanOptions& o) {
     throw Error(fmt::format("--batch-size: {} x {} processes is more than {} samples per step",
                             plan.micro_batch_size, plan.world_size, kMaxPlanCount));
   }
-  const int64_t per_step = *per_step_checked;
-  if (o.target_batch() == 0) {
-    plan.accumulation_steps = 1;
-    plan.set_reason(PlanField::kGlobalBatch, fmt::format(
-        "global batch {}: the micro-batch {}{}, no accumulation (no --target-batch)", per_step,
-        plan.micro_batch_size,
-        plan.world_size > 1 ? fmt::format(" x {} processes", plan.world_size) : ""));
-  } else {
-    plan.accumulation_steps = std::max<int64_t>(
-        1, static_cast<int64_t>(std::llround(static_cast<double>(o.target_batch()) /
-                                             static_cast<double>(per_step))));
-    const int64_t reached = per_step * plan.accumulation_steps;
-    if (reached == o.target_batch()) {
-      plan.set_reason(PlanField::kGlobalBatch, fmt::format(
-          "global batch {}: {} {} reached by accumulating {} micro-batches of {}",
-          reached, o.target_batch_source(), o.target_batch(), plan.accumulation_steps,
-          plan.micro_batch_size));
-    } else {
-      plan.set_reason(PlanField::kGlobalBatch, fmt::format(
-          "global batch {}: {} {} is not a multiple of {}; accumulating {} "
-          "micro-batches gives the nearest, {:+.1f} % off",
-          reached, o.target_batch_source(), o.target_batch(), per_step, plan.accumulation_steps,
-          100.0 * static_cast<double>(reached - o.target_batch()) /
-              static_cast<double>(o.target_batch())));
-    }
-  }
-  const std::optional<int64_t> global = checked_product(per_step, plan.accumulation_steps);
+  const Split split = split_global_batch(o);
+  plan.micro_batch_size = split.micro;
+  plan.accumulation_steps = split.accumulation;
+  if (!split.micro_reason.empty()) plan.set_reason(PlanField::kMicroBatch, split.micro_reason);
+  plan.set_reason(PlanField::kGlobalBatch, split.global_reason);
+  const std::optional<int64_t> global = checked_product(
+      *checked_product(plan.micro_batch_size, plan.world_size), plan.accumulation_steps);
   if (!global) {
     throw Error(fmt::format("--target-batch: {} is more than {} samples per step",
                             o.target_batch(), kMaxPlanCount));
   }
   plan.global_batch_size = *global;
 
-  const int64_t base_batch = o.base_batch() > 0 ? o.base_batch() : per_step;
+  const bool base_known = o.base_batch() > 0;
+  const int64_t base_batch = base_known ? o.base_batch() : plan.global_batch_size;
   const bool default_scaling = o.lr_scaling().empty();
   plan.lr_scaling = default_scaling ? default_lr_scaling(o.optimizer())
                                     : parse_lr_scaling(o.lr_scaling());
@@ -203,7 +354,13 @@ Plan make_plan(const PlanOptions& o) {
                               "aggressive"
                             : "")
           : fmt::format(" (from {})", o.lr_scaling_source());
-  if (base_batch == plan.global_batch_size || plan.lr_scaling == LrScaling::kNone) {
+  if (!base_known) {
+    plan.set_reason(PlanField::kLr,
+                    fmt::format("lr {}: the base lr ({}), not scaled: the batch it belongs to is "
+                                "unknown (give {} to scale it to the global batch {})",
+                                format_lr(plan.lr), o.base_lr_source(), o.base_batch_flag(),
+                                plan.global_batch_size));
+  } else if (base_batch == plan.global_batch_size || plan.lr_scaling == LrScaling::kNone) {
     plan.set_reason(PlanField::kLr, fmt::format("lr {}: the base lr, unscaled{}", format_lr(plan.lr),
                                        base_batch == plan.global_batch_size
                                            ? fmt::format(" since the global batch equals the "
@@ -292,7 +449,9 @@ nlohmann::json to_json(const Plan& plan) {
       {"workers", plan.workers},
       {"pin_memory", plan.pin_memory},
       {"prefetch", plan.prefetch},
+      {"eval_micro_batch_size", plan.eval_micro_batch_size},
       {"reasons", reason_texts(plan)},
+      {"warnings", plan.warnings},
       {"workload", to_json(plan.workload)},
   };
   if (plan.token_budget > 0) {
@@ -439,6 +598,17 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   if (!pin.is_boolean()) r.fail("pin_memory", "must be true or false, got " + pin.dump());
   plan.pin_memory = pin.get<bool>();
   plan.prefetch = r.integer("prefetch", 0, kMaxPrefetch);
+  if (json.contains("eval_micro_batch_size")) {
+    plan.eval_micro_batch_size = r.integer("eval_micro_batch_size", 0);
+  }
+  if (json.contains("warnings")) {
+    const auto& warnings = json["warnings"];
+    if (!warnings.is_array()) r.fail("warnings", "must be a list of strings");
+    for (const auto& warning : warnings) {
+      if (!warning.is_string()) r.fail("warnings", "must be a list of strings");
+      plan.warnings.push_back(warning.get<std::string>());
+    }
+  }
   if (json.contains("workload")) {
     const auto& w = json["workload"];
     if (!w.is_object()) r.fail("workload", "must be an object, got " + w.dump());

@@ -49,6 +49,17 @@ nlohmann::json to_json(const TrainSummary& s) {
             ? 1.0 - static_cast<double>(s.tokens) / static_cast<double>(s.padded_tokens)
             : 0.0;
     j["token_budget"] = s.token_budget > 0 ? nlohmann::json(s.token_budget) : nlohmann::json();
+    j["target_tokens"] = s.target_tokens > 0 ? nlohmann::json(s.target_tokens) : nlohmann::json();
+    j["micro_batches"] = s.micro_batches;
+    // What one optimizer step held, on average: a token-budget step is
+    // micro-batches of varying sample counts, so no "micro x accumulation".
+    const auto per_step = [&](int64_t count) {
+      return s.steps > 0 ? nlohmann::json(static_cast<double>(count) / static_cast<double>(s.steps))
+                         : nlohmann::json();
+    };
+    j["tokens_per_step"] = per_step(s.tokens);
+    j["samples_per_step"] = per_step(s.samples);
+    j["micro_batches_per_step"] = per_step(s.micro_batches);
   }
   // Only on a re-emitted summary (--resume of a finished run).
   if (s.already_finished) j["already_finished"] = true;
@@ -56,13 +67,23 @@ nlohmann::json to_json(const TrainSummary& s) {
 }
 
 void print_plan(std::ostream& out, const Plan& p) {
-  out << fmt::format(
-      "plan: micro-batch {} x {} accumulation x {} process(es) = global batch {}; lr {:.6g} "
-      "({}), warm-up {} steps, amp {}\n",
-      p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
+  const std::string schedule = fmt::format(
+      "lr {:.6g} ({}), warm-up {} steps, amp {}", p.lr,
       p.lr_scaling == LrScaling::kNone ? std::string("not scaled")
                                        : lr_scaling_name(p.lr_scaling) + " scaling",
       p.warmup_steps, amp_name(p.amp));
+  if (p.token_budget > 0) {
+    // Its steps hold tokens, not a fixed count of samples: no global batch.
+    out << fmt::format("plan: token budget {} padded tokens per micro-batch, micro-batches "
+                       "accumulated until a step holds the target tokens (--target-tokens, "
+                       "default the budget) x {} process(es); {}\n",
+                       p.token_budget, p.world_size, schedule);
+  } else {
+    out << fmt::format("plan: micro-batch {} x {} accumulation x {} process(es) = global batch "
+                       "{}; {}\n",
+                       p.micro_batch_size, p.accumulation_steps, p.world_size,
+                       p.global_batch_size, schedule);
+  }
   if (p.token_budget > 0) {
     std::string buckets;
     for (const auto& b : p.length_buckets) {
@@ -74,6 +95,7 @@ void print_plan(std::ostream& out, const Plan& p) {
                        p.token_budget, buckets);
   }
   for (const auto& reason : p.reasons) out << "  - " << reason.text << "\n";
+  for (const auto& warning : p.warnings) out << "warning: " << warning << "\n";
 }
 
 std::string TrainConsoleReporter::log_line(const TrainEvent& e) {
@@ -133,13 +155,24 @@ void TrainConsoleReporter::report(const TrainEvent& e) {
 
 void TrainConsoleReporter::summary(const TrainSummary& s) {
   clear_bar();
+  const auto average = [&](int64_t count) {
+    return s.steps > 0 ? static_cast<double>(count) / static_cast<double>(s.steps) : 0.0;
+  };
+  // A token-budget step holds micro-batches of varying sample counts.
+  const std::string step_holds =
+      s.target_tokens > 0
+          ? fmt::format("a step held {:.0f} tokens (target {}) in {:.1f} samples, {:.1f} "
+                        "micro-batches on average",
+                        average(s.tokens), s.target_tokens, average(s.samples),
+                        average(s.micro_batches))
+          : fmt::format("micro-batch {} x {} = {}", s.micro_batch_size, s.accumulation_steps,
+                        s.global_batch_size);
   out_ << fmt::format(
       "trained {} steps ({:.2f} epochs, {} samples) in {:.1f} s: {:.0f} samples/s; final loss "
-      "{:.4f}; test accuracy {}; {} out-of-memory recoveries; micro-batch {} x {} = {}; "
-      "gradient noise scale {}\n",
+      "{:.4f}; test accuracy {}; {} out-of-memory recoveries; {}; gradient noise scale {}\n",
       s.steps, s.epochs, s.samples, s.seconds, s.samples_per_s, s.final_loss,
       s.test_accuracy ? fmt::format("{:.2f} %", *s.test_accuracy * 100) : std::string("n/a"),
-      s.oom_recoveries, s.micro_batch_size, s.accumulation_steps, s.global_batch_size,
+      s.oom_recoveries, step_holds,
       s.noise_scale ? fmt::format("{:.0f}", *s.noise_scale) : std::string("n/a"));
   if (s.tokens > 0) {
     out_ << fmt::format("tokens: {} real of {} computed ({:.1f} % padding), {:.0f} tokens/s{}\n",

@@ -132,6 +132,15 @@ nlohmann::json to_json(const TuneResult& report) {
     finish(out);
     return out;
   }
+  if (report.eval_search) {
+    // The forward-only search: its answer, how it stopped, and its trials.
+    nlohmann::json eval = to_json(*report.eval_search);
+    out["eval_search"] = {{"max_batch_size", eval["max_batch_size"]},
+                          {"search", eval["search"]},
+                          {"trials", eval["trials"]}};
+  } else {
+    out["eval_search"] = nullptr;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& r : report.sweep) {
     rows.push_back({{"batch_size", r.batch_size},
@@ -327,6 +336,7 @@ SvgChart chart(std::string title, std::string x_label, std::string y_label, bool
 std::string plan_html(const Plan& p) {
   std::string reasons;
   for (const auto& r : p.reasons) reasons += "<li>" + html_escape(r.text) + "</li>";
+  for (const auto& w : p.warnings) reasons += "<li><b>warning:</b> " + html_escape(w) + "</li>";
   return fmt::format(
       "<h2>Plan</h2><p class='plan'>micro-batch <b>{}</b> &times; {} accumulation &times; {} "
       "process(es) = global batch <b>{}</b>; lr {:.6g} ({} scaling), warm-up {} steps; amp {}; "
@@ -684,6 +694,13 @@ void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& resu
         fmt::print(out_, "noise scale not measured: {}\n", result.noise->note);
       }
       print_goodput(out_, result);
+      break;
+    case TunePhase::kEval:
+      if (result.eval_search) {
+        fmt::print(out_, "largest evaluation batch {} in {} forward-only trial(s): {}\n",
+                   result.eval_search->max_batch_size, result.eval_search->trials.size(),
+                   result.eval_search->stop_reason);
+      }
       break;
     case TunePhase::kLoader:
       fmt::print(out_, "{}", loader_table(result.loader));

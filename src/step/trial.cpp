@@ -1,5 +1,6 @@
 #include "batchtune/step/trial.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -55,10 +56,20 @@ void WorkloadTrial::next_batch(const BatchSource& source) {
 
 at::Tensor WorkloadTrial::step() {
   TORCH_CHECK(step_ && batch_, "WorkloadTrial: prepare() before step()");
-  return step_->run(*batch_);
+  if (!forward_only_) return step_->run(*batch_);
+  at::NoGradGuard no_grad;
+  workload_.model().train(false);
+  AutocastGuard autocast(device_.type(), amp_);
+  return workload_.compute_loss(*batch_);
+}
+
+bool WorkloadTrial::set_forward_only(bool on) {
+  forward_only_ = on;
+  return true;
 }
 
 void WorkloadTrial::restore() {
+  if (forward_only_) workload_.model().train(true);  // as training left it
   batch_.reset();
   step_.reset();
   workload_.optimizer().zero_grad(/*set_to_none=*/true);

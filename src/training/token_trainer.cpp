@@ -167,6 +167,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
       step.apply(lr);
       summary.final_loss = loss.item<double>();
       ++summary.steps;
+      summary.micro_batches += static_cast<int64_t>(group.size());
       for (const auto& b : group) {
         summary.samples += static_cast<int64_t>(b.indices.size());
         summary.tokens += b.tokens;
@@ -208,6 +209,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   summary.tokens_per_s =
       summary.seconds > 0 ? static_cast<double>(summary.tokens) / summary.seconds : 0;
   summary.token_budget = fixed ? 0 : budget;
+  summary.target_tokens = fixed ? 0 : target_tokens;
   summary.micro_batch_size = fixed ? options.fixed_batch_size() : plan.micro_batch_size;
   summary.accumulation_steps = 1;
   summary.global_batch_size = summary.steps > 0 ? summary.samples / summary.steps : 0;

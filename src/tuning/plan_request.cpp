@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "batchtune/common/error.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/memory/device_memory.h"
@@ -47,6 +49,10 @@ void validate(const PlanRequest& r) {
       throw Error(fmt::format("{}: must be at most {:g}, got {:g}", name, kMaxLearningRate, *value));
     }
   }
+  if (r.multiple_of && (*r.multiple_of < 1 || *r.multiple_of > kMaxPlanCount)) {
+    throw Error(fmt::format("--multiple-of: must be from 1 to {}, got {}", kMaxPlanCount,
+                            *r.multiple_of));
+  }
   if (r.world_size < 1) {
     throw Error(fmt::format("world size: must be at least 1, got {}", r.world_size));
   }
@@ -65,13 +71,42 @@ PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& mem
   return w;
 }
 
-Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
-                const std::string& micro_reason, const AmpChoice& amp, const Workload& workload,
-                const DeviceMemory& memory) {
+namespace {
+
+/// The micro-batch's reason first: the tune's, after the plan's own when the
+/// plan took another size to reach its target or multiple.
+void put_micro_reason(Plan& plan, const std::string& chosen_reason) {
+  if (chosen_reason.empty()) return;
+  const std::string own = plan.reason(PlanField::kMicroBatch);
+  plan.reasons.erase(std::remove_if(plan.reasons.begin(), plan.reasons.end(),
+                                    [](const PlanReason& r) {
+                                      return r.field == PlanField::kMicroBatch;
+                                    }),
+                     plan.reasons.end());
+  plan.reasons.insert(plan.reasons.begin(),
+                      {PlanField::kMicroBatch,
+                       own.empty() ? chosen_reason : own + " (the tune's " + chosen_reason + ")"});
+}
+
+/// The plan's warning when nothing says which batch the lr belongs to.
+void warn_unscaled_lr(Plan& plan, const std::string& lr_words, const std::string& flag) {
+  plan.warnings.push_back(fmt::format(
+      "lr not scaled: {} belongs to an unknown batch; give {} (the batch it was tuned at) to "
+      "scale it to the global batch {}",
+      lr_words, flag, plan.global_batch_size));
+}
+
+}  // namespace
+
+Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const AmpChoice& amp,
+                const Workload& workload, const DeviceMemory& memory) {
   validate(request);
   const bool cuda = memory.device().is_cuda();
   PlanOptions options;
-  options.micro_batch_size(micro_batch_size)
+  options.micro_batch_size(micro.size)
+      .speeds(micro.speeds)
+      .speed_tolerance(micro.tolerance)
+      .multiple_of(request.multiple_of.value_or(1))
       .world_size(request.world_size)
       .optimizer(workload.options().optimizer())
       .amp(amp.mode)
@@ -96,10 +131,17 @@ Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
         .prefetch(file.prefetch);
     pipeline_why = "from " + from;
   } else {
+    // The default lr is documented for kDefaultBaseBatch; a --base-lr
+    // belongs to --base-batch, or to a batch nobody said.
+    const int64_t base_batch =
+        request.base_batch ? *request.base_batch : request.base_lr ? 0 : kDefaultBaseBatch;
     options.target_batch(request.target_batch.value_or(0))
         .base_lr(request.base_lr.value_or(workload.options().lr()))
-        .base_lr_source(request.base_lr ? "--base-lr" : "--lr")
-        .base_batch(request.base_batch.value_or(0))
+        .base_lr_source(request.base_lr ? std::string("--base-lr")
+                        : request.base_batch
+                            ? std::string("--lr")
+                            : fmt::format("the default --lr, known for batch {}", kDefaultBaseBatch))
+        .base_batch(base_batch)
         .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
         .warmup_steps(request.warmup_steps.value_or(-1));
   }
@@ -112,23 +154,28 @@ Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
   if (request.workers || request.prefetch || request.pin_memory) pipeline_why = "as asked";
   set_pipeline_reason(plan, !cuda ? "pinned memory does not apply on the CPU (no copy to a device)"
                                   : pipeline_why);
-  if (!micro_reason.empty()) {
-    plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
-  }
+  put_micro_reason(plan, micro.reason);
   if (request.lr) {
     plan.lr = *request.lr;
     plan.lr_scaling = LrScaling::kNone;  // as asked, not scaled
     plan.set_reason(PlanField::kLr, fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr));
+  } else if (options.base_batch() == 0) {
+    warn_unscaled_lr(plan, fmt::format("--base-lr {:g}", options.base_lr()), "--base-batch");
   }
   plan.workload = describe_workload(workload, memory, request);
-  if (plan.workload.base_batch == 0) plan.workload.base_batch = plan.micro_batch_size * plan.world_size;
+  plan.workload.base_batch =
+      options.base_batch() > 0 ? options.base_batch() : plan.global_batch_size;
   return plan;
 }
 
-Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
-                        const std::string& micro_reason, const AmpChoice& amp, bool cuda) {
+Plan build_subject_plan(const PlanRequest& request, const MicroBatchChoice& micro,
+                        const AmpChoice& amp, bool cuda) {
   PlanOptions o;
-  o.micro_batch_size(micro_batch_size)
+  o.micro_batch_size(micro.size)
+      .speeds(micro.speeds)
+      .speed_tolerance(micro.tolerance)
+      .multiple_of(request.multiple_of.value_or(1))
+      .base_lr_source(request.base_lr ? "--base-lr" : "the optimizer's lr")
       .world_size(request.world_size)
       .target_batch(request.target_batch.value_or(0))
       .base_lr(request.base_lr.value_or(1e-3))
@@ -140,7 +187,10 @@ Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
       .pin_memory(cuda);
   if (request.optimizer) o.optimizer(*request.optimizer);
   Plan plan = make_plan(o);
-  plan.reasons.insert(plan.reasons.begin(), {PlanField::kMicroBatch, micro_reason});
+  put_micro_reason(plan, micro.reason);
+  if (!request.base_batch) {
+    warn_unscaled_lr(plan, fmt::format("the lr {:g}", o.base_lr()), "--base-batch");
+  }
   // The caller feeds its own batches (a Python DataLoader): nothing here
   // timed worker counts, and no --data flag would.
   set_pipeline_reason(plan, "the defaults, not timed: the batches came from the caller's own "

@@ -126,7 +126,9 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
     if (may_be_within || may_outrun) s.contenders.push_back(row.batch_size);
   }
   std::sort(s.contenders.begin(), s.contenders.end());
-  if (s.contenders.empty()) s.confidence = level;
+  // A row of a single timed step has an interval of no level at all: its
+  // point says nothing of how sure the choice is.
+  if (s.contenders.empty() && level > 0) s.confidence = level;
   const std::string ci = chosen->samples_per_s_ci.n > 0
                              ? fmt::format(" [{:.1f}, {:.1f}]", chosen->samples_per_s_ci.low,
                                            chosen->samples_per_s_ci.high)
@@ -146,6 +148,9 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
                     ? fmt::format("; no smaller batch comes within {:.0f} % of it, at {} confidence",
                                   tolerance * 100, format_level(*s.confidence))
                     : fmt::format(", at {} confidence", format_level(*s.confidence));
+  } else if (s.contenders.empty()) {
+    s.reason += "; inconclusive: a row was timed over too few steps to give an interval (the "
+                "time budget ran short), so a re-measurement could choose otherwise";
   } else {
     std::vector<std::string> names;
     for (int64_t b : s.contenders) names.push_back(std::to_string(b));
@@ -164,6 +169,7 @@ std::optional<double> rows_confidence(const std::vector<SweepRow>& rows) {
     if (row.noisy) return std::nullopt;
     if (row.samples_per_s_ci.n > 0) level = std::min(level, row.samples_per_s_ci.level);
   }
+  if (!(level > 0)) return std::nullopt;  // a row of one timed step
   return level;
 }
 

@@ -25,6 +25,9 @@ namespace {
 // must be counted) and one timed step.
 constexpr int64_t kSearchWarmupSteps = 1;
 constexpr int64_t kSearchTimedSteps = 1;
+/// A search that starts after its share is spent still gets this share of
+/// it (a few trials).
+constexpr double kLateSearchShare = 0.1;
 
 /// The measuring run's micro-batch at most: the noise scale does not depend
 /// on the batch sizes it is measured at, only its spread does, and a short
@@ -215,6 +218,7 @@ class Pipeline {
         lengths();
         sweep();
         choose();
+        evaluation();
         plan();
       }
     } catch (const Stopped& stopped) {
@@ -331,7 +335,12 @@ class Pipeline {
 
   void search() {
     SearchOptions search = options_.search();
-    const double seconds = budget_.begin_phase(kSearchBudgetShare);
+    // Never nothing, even when the precision phase overran its share on a
+    // loaded machine: what fits is the answer a tune cannot go without (the
+    // overrun is then said in `budget_note`).
+    const double seconds =
+        std::max(budget_.begin_phase(kSearchBudgetShare),
+                 kLateSearchShare * kSearchBudgetShare * options_.time_budget_s());
     search.time_budget_s(seconds);
     // No micro-batch larger than the training data.
     const Dataset* data = options_.data();
@@ -491,6 +500,36 @@ class Pipeline {
     }
   }
 
+  /// The evaluation batch: the largest forward-only batch that fits, found
+  /// by the same search, from the chosen micro-batch's precision.
+  void evaluation() {
+    TuneResult& r = result_;
+    const double seconds = budget_.begin_phase(kEvalBudgetShare);
+    if (r.selection.batch_size < 1 || seconds <= 0) return;  // the budget is spent
+    ForwardOnlyScope forward_only(runner_->subject());
+    if (!forward_only.supported()) return;
+    check_stop();
+    SearchOptions search = options_.search();
+    search.time_budget_s(seconds);
+    reporter_.phase_started(TunePhase::kEval,
+                            fmt::format("searching the largest evaluation batch (forward only, at "
+                                        "most {:.0f} s)",
+                                        seconds));
+    SearchResult found = search_max_batch(
+        [&](int64_t batch) {
+          return trial(TunePhase::kEval, TrialOptions().batch_size(batch).steps(1).warmup_steps(0));
+        },
+        search, clock_,
+        [&](const TrialResult& t, size_t index) {
+          reporter_.trial_finished(TunePhase::kEval, t, index);
+        });
+    if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
+      found.max_batch_size = options_.data_parallel()->min(found.max_batch_size);
+    }
+    r.eval_search = std::move(found);
+    end_phase(TunePhase::kEval);
+  }
+
   void plan() {
     TuneResult& r = result_;
     if (r.selection.batch_size < 1) return;
@@ -501,17 +540,15 @@ class Pipeline {
     const std::string micro_reason = micro_batch_reason(
         r.selection.batch_size, r.selection.reason, own_max_batch_, r.search.max_batch_size);
     const AmpChoice amp{r.amp, r.amp_reason};
-    Plan plan;
-    if (workload_ != nullptr) {
-      PlanRequest planned = request;
-      if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
-      plan = build_plan(planned, r.selection.batch_size, micro_reason, amp, *workload_, memory_);
-    } else {
-      PlanRequest planned = request;
-      if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
-      plan = build_subject_plan(planned, r.selection.batch_size, micro_reason, amp,
-                                memory_.device().is_cuda());
+    MicroBatchChoice micro{r.selection.batch_size, micro_reason, {}, options_.tolerance()};
+    for (const SweepRow& row : r.sweep) {
+      if (row.samples_per_s > 0) micro.speeds.push_back({row.batch_size, row.samples_per_s});
     }
+    PlanRequest planned = request;
+    if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
+    Plan plan = workload_ != nullptr
+                    ? build_plan(planned, micro, amp, *workload_, memory_)
+                    : build_subject_plan(planned, micro, amp, memory_.device().is_cuda());
     if (goodput_global_batch_ > 0) {
       plan.set_reason(PlanField::kGlobalBatch,
                       plan.accumulation_steps == 1
@@ -521,6 +558,16 @@ class Pipeline {
                                         "micro-batches of {}",
                                         plan.global_batch_size, plan.accumulation_steps,
                                         plan.micro_batch_size));
+    }
+    if (r.eval_search && r.eval_search->max_batch_size > 0) {
+      // Evaluation never needs less room than training: at least the micro-batch.
+      plan.eval_micro_batch_size =
+          std::max(r.eval_search->max_batch_size, plan.micro_batch_size);
+      plan.set_reason(PlanField::kEvalBatch,
+                      fmt::format("eval batch {}: the largest forward-only batch that fits ({}, "
+                                  "{})",
+                                  plan.eval_micro_batch_size,
+                                  to_string(r.eval_search->strategy), r.eval_search->stop_reason));
     }
     if (r.tokens) {
       plan.token_budget = r.tokens->token_budget;
@@ -664,6 +711,7 @@ std::string to_string(TunePhase phase) {
     case TunePhase::kLengths: return "lengths";
     case TunePhase::kSweep: return "sweep";
     case TunePhase::kNoise: return "noise";
+    case TunePhase::kEval: return "eval";
     case TunePhase::kLoader: return "loader";
     case TunePhase::kPlan: return "plan";
   }
@@ -731,7 +779,15 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
             ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
                           request.plan_file, file.micro_batch_size)
             : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
-    Plan plan = build_plan(request, micro, micro_reason, amp, workload, memory);
+    Plan plan = build_plan(request, {micro, micro_reason}, amp, workload, memory);
+    if (file.eval_micro_batch_size > 0 && amp.mode == file.amp) {
+      // Measured at the file's precision: at another, evaluation runs at
+      // the micro-batch.
+      plan.eval_micro_batch_size = std::max(file.eval_micro_batch_size, plan.micro_batch_size);
+      plan.set_reason(PlanField::kEvalBatch,
+                      fmt::format("eval batch {}: from the plan {}", plan.eval_micro_batch_size,
+                                  request.plan_file));
+    }
     if (file.token_budget > 0) {
       plan.token_budget = file.token_budget;
       plan.length_buckets = file.length_buckets;
@@ -745,7 +801,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const int64_t micro = *request.micro_batch_size;
     const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
                                      std::min(micro, kAmpProbeMaxBatch));
-    return build_plan(request, micro, fmt::format("micro-batch {}: as asked with --batch-size", micro),
+    return build_plan(request, {micro, fmt::format("micro-batch {}: as asked with --batch-size", micro)},
                       amp, workload, memory);
   }
   // Neither: a quick tune finds the micro-batch at the precision it trains with.
@@ -758,10 +814,12 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
                             tuned.search.stop_reason));
   }
   Plan plan = *tuned.plan;
-  plan.set_reason(PlanField::kMicroBatch,
-                  fmt::format("micro-batch {}: tuned — largest that fits {} ({}); {}",
-                              plan.micro_batch_size, tuned.search.max_batch_size,
-                              tuned.search.stop_reason, tuned.selection.reason));
+  if (plan.micro_batch_size == tuned.selection.batch_size) {
+    plan.set_reason(PlanField::kMicroBatch,
+                    fmt::format("micro-batch {}: tuned — largest that fits {} ({}); {}",
+                                plan.micro_batch_size, tuned.search.max_batch_size,
+                                tuned.search.stop_reason, tuned.selection.reason));
+  }
   return plan;
 }
 

@@ -58,9 +58,17 @@ def test_full_tune_gives_sweep_choice_plan_report_and_the_cli_json_fields(tmp_pa
     assert 0 < r.chosen_batch_size <= r.max_batch_size
     assert [row.batch_size for row in r.sweep] == sorted(row.batch_size for row in r.sweep)
     plan = r.plan
-    assert plan.micro_batch_size == r.chosen_batch_size
+    assert plan.micro_batch_size <= r.chosen_batch_size
     assert plan.global_batch_size == plan.micro_batch_size * plan.accumulation_steps
+    if plan.micro_batch_size < r.chosen_batch_size:  # a smaller one taken to reach 512 exactly
+        assert plan.global_batch_size == 512, plan.reasons
     assert abs(plan.global_batch_size - 512) <= plan.micro_batch_size
+    # The evaluation batch: forward only, at least the micro-batch, in the
+    # JSON and in the DataLoader arguments; the model back in train mode.
+    assert r.eval_batch_size >= plan.micro_batch_size
+    assert plan.eval_micro_batch_size == r.eval_batch_size
+    assert plan.dataloader_kwargs(eval=True)["batch_size"] == r.eval_batch_size
+    assert model.training
     assert plan.lr_scaling == "linear"  # SGD
     assert plan.amp == "off"
     kwargs = plan.dataloader_kwargs()
@@ -73,6 +81,7 @@ def test_full_tune_gives_sweep_choice_plan_report_and_the_cli_json_fields(tmp_pa
                   "objective", "diagnosis", "complete", "plan", "loader", "loader_note"):
         assert field in d, field
     assert d["max_batch_size"] == r.max_batch_size
+    assert d["eval_search"]["max_batch_size"] == r.eval_batch_size
     assert d["chosen_batch_size"] == r.chosen_batch_size
     assert d["plan"]["micro_batch_size"] == plan.micro_batch_size
     assert batchtune.Plan.from_dict(d) == plan  # the C++ plan reader accepts it
@@ -203,3 +212,33 @@ def test_verbose_prints_the_cli_console_and_a_python_reporter_sees_every_trial(c
     assert [e[1] for e in searched] == [t.batch_size for t in core.search.trials]
     assert swept and recorder.events[-1] == ("finished", True)
     assert ("phase", "search") in recorder.events and ("phase", "sweep") in recorder.events
+
+
+def test_plan_make_reaches_the_target_exactly_and_warns_when_the_lr_cannot_be_scaled():
+    plan = batchtune.Plan.make(64, target_batch=1000,
+                               speeds=[(32, 900.0), (50, 990.0), (64, 1000.0)])
+    assert (plan.micro_batch_size, plan.accumulation_steps, plan.global_batch_size) == (50, 20, 1000)
+    assert any("not the 64 chosen" in r for r in plan.reasons), plan.reasons
+    nearest = batchtune.Plan.make(64, target_batch=1009)
+    assert nearest.global_batch_size == 1024
+    assert any("cannot be reached exactly" in r for r in nearest.reasons), nearest.reasons
+    assert batchtune.Plan.make(70, multiple_of=8).micro_batch_size == 64
+    with pytest.raises(batchtune.Error, match="multiple_of"):
+        batchtune.Plan.make(70, multiple_of=0)
+    scaled = batchtune.Plan.make(256, optimizer="sgd", base_lr=0.1, base_batch=64)
+    assert scaled.lr == pytest.approx(0.4)
+
+
+def test_tune_without_base_batch_warns_that_the_lr_is_not_scaled():
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="lr not scaled"):
+        r = batchtune.tune(model, optimizer, classify_loss, image_batch(), memory_limit="64MiB",
+                           max_batch=64, sweep=False, report=None, amp="off", target_batch=128)
+    assert r.plan.warnings and "base_batch" in r.plan.warnings[0], r.plan.warnings
+    assert r.plan.lr == pytest.approx(0.1)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch(), memory_limit="64MiB",
+                       max_batch=64, sweep=False, report=None, amp="off", target_batch=128,
+                       base_batch=32)
+    assert not r.plan.warnings
+    assert r.plan.lr == pytest.approx(0.1 * r.plan.global_batch_size / 32)

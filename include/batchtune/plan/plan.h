@@ -48,6 +48,17 @@ constexpr int64_t kMaxPlanCount = int64_t{1} << 40;
 /// inf inside the optimizer).
 constexpr double kMaxLearningRate = 1e3;
 
+/// The batch the default learning rate belongs to, for the CLI's workloads:
+/// `--lr`'s default (1e-3, Adam) is the one known to train the built-in
+/// models well at a batch of 64, so a plan that takes a larger global batch
+/// scales it from there (`--base-batch` says otherwise).
+constexpr int64_t kDefaultBaseBatch = 64;
+
+/// A micro-batch smaller than the chosen one is taken to reach a target
+/// global batch exactly only down to this share of it when no measured
+/// speeds say what it costs.
+constexpr double kUnmeasuredMicroBatchShare = 0.5;
+
 /// `a × b`, or nullopt when it would pass `kMaxPlanCount` (or overflow).
 std::optional<int64_t> checked_product(int64_t a, int64_t b);
 
@@ -61,7 +72,15 @@ enum class PlanField {
   kAmp,
   kInputPipeline,
   kTokenBudget,
+  kEvalBatch,
   kNote,  ///< anything else (a reason read from a file, a remark)
+};
+
+/// A measured speed at one micro-batch (a sweep row): what a smaller
+/// micro-batch costs, for the plan that takes one to reach its target.
+struct MeasuredSpeed {
+  int64_t batch_size = 0;
+  double samples_per_s = 0;
 };
 
 /// One plain sentence saying why a plan value is what it is.
@@ -116,8 +135,15 @@ struct Plan {
   /// With a token budget: the buckets by length, shortest first, each with
   /// the micro-batch that fits at its bound. JSON `length_buckets`.
   std::vector<LengthBucket> length_buckets;
+  /// Forward-only batch for evaluation (no gradients, no optimizer step):
+  /// found by a forward-only search; 0 when none was (evaluation then runs
+  /// at the micro-batch). JSON `eval_micro_batch_size`.
+  int64_t eval_micro_batch_size = 0;
   /// One plain sentence per choice, saying why and where it came from.
   std::vector<PlanReason> reasons;
+  /// What the plan could not know and guessed (the batch the base lr
+  /// belongs to): printed as warnings, JSON `warnings`.
+  std::vector<std::string> warnings;
   /// What the plan was made for (JSON `workload`).
   PlanWorkload workload;
 
@@ -142,15 +168,28 @@ struct Plan {
 struct PlanOptions {
   /// The micro-batch: from a tune, or `--batch-size`. Required (≥ 1).
   TORCH_ARG(int64_t, micro_batch_size) = 0;
-  /// Logical batch to reach by accumulation; 0 for none (global = micro ×
-  /// world size). When not a multiple, the nearest reachable one is taken.
+  /// Global batch to reach (micro × accumulation × world size); 0 for none
+  /// (global = micro × world size). Reached exactly by the largest
+  /// micro-batch up to the chosen one that divides it, as long as the
+  /// measured `speeds` put it within `speed_tolerance` of the chosen one's
+  /// speed (without speeds: down to `kUnmeasuredMicroBatchShare` of it);
+  /// else the nearest reachable one, the reason saying how far off.
   TORCH_ARG(int64_t, target_batch) = 0;
+  /// Sweep rows: the speed of smaller micro-batches (see `target_batch`).
+  TORCH_ARG(std::vector<MeasuredSpeed>, speeds) = {};
+  /// How much slower than the chosen micro-batch a smaller one may be.
+  TORCH_ARG(double, speed_tolerance) = 0.02;
+  /// The micro-batch is rounded down to a multiple of this (8 for tensor
+  /// cores); 1 for none.
+  TORCH_ARG(int64_t, multiple_of) = 1;
   TORCH_ARG(int64_t, world_size) = 1;
   /// The learning rate known to work at `base_batch`.
   TORCH_ARG(double, base_lr) = 1e-3;
-  /// The batch `base_lr` belongs to; 0 for the micro-batch × world size
-  /// (the lr given is the one for training without accumulation).
+  /// The batch `base_lr` belongs to; 0 when unknown: the lr is then taken
+  /// as the one for the global batch (not scaled), and the plan warns.
   TORCH_ARG(int64_t, base_batch) = 0;
+  /// What gives `base_batch`, for the warning when it is unknown.
+  TORCH_ARG(std::string, base_batch_flag) = "--base-batch";
   /// Picks the default `lr_scaling`.
   TORCH_ARG(std::string, optimizer) = "adam";
   /// `linear`, `sqrt`, `none`, or empty for the optimizer's default.

@@ -112,6 +112,29 @@ class TrialSubject {
   /// scalar tensor; it need not be synchronised).
   virtual at::Tensor step() = 0;
   virtual void restore() = 0;
+  /// Evaluation: while on, `step()` runs forward and loss only, as an
+  /// evaluation loop does (no gradients kept, no backward, no optimizer
+  /// step, the model in eval mode). Returns false where the subject has no
+  /// forward-only step (then no evaluation batch is searched).
+  virtual bool set_forward_only(bool on) { return !on; }
+};
+
+/// Forward-only steps on `subject` while in scope (see
+/// `TrialSubject::set_forward_only`); `supported()` says whether it took.
+class ForwardOnlyScope {
+ public:
+  explicit ForwardOnlyScope(TrialSubject& subject)
+      : subject_(subject), supported_(subject.set_forward_only(true)) {}
+  ~ForwardOnlyScope() {
+    if (supported_) subject_.set_forward_only(false);
+  }
+  ForwardOnlyScope(const ForwardOnlyScope&) = delete;
+  ForwardOnlyScope& operator=(const ForwardOnlyScope&) = delete;
+  bool supported() const { return supported_; }
+
+ private:
+  TrialSubject& subject_;
+  bool supported_;
 };
 
 /// A `Workload` as a trial subject: its `TrainingStep` at the whole batch
@@ -131,6 +154,7 @@ class WorkloadTrial : public TrialSubject {
   void next_batch(const BatchSource& source) override;
   at::Tensor step() override;
   void restore() override;
+  bool set_forward_only(bool on) override;
   Workload& workload() { return workload_; }
 
  private:
@@ -139,6 +163,7 @@ class WorkloadTrial : public TrialSubject {
   AmpMode amp_;
   int64_t batch_size_ = 0;
   int64_t length_ = 0;  // 0: the spec's longest
+  bool forward_only_ = false;
   std::unique_ptr<Batch> batch_;
   std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<TrainingSnapshot> snapshot_;

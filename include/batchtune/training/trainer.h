@@ -109,6 +109,10 @@ struct TrainSummary {
   /// (smaller after an out-of-memory); 0 otherwise.
   int64_t padded_tokens = 0;
   int64_t token_budget = 0;
+  /// Token-budget runs: the real tokens an optimizer step gathers at least
+  /// (`--target-tokens`), and the micro-batches run in all; 0 otherwise.
+  int64_t target_tokens = 0;
+  int64_t micro_batches = 0;
   double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
   int64_t resumed_from_step = 0;   ///< 0 for a fresh run
   /// False when SIGINT or SIGTERM stopped the run early (see interrupt.h):

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/amp.h"
@@ -32,6 +33,8 @@ struct PlanRequest {
   std::optional<int64_t> prefetch;
   /// Pinned staging memory; empty: on for CUDA (it never applies on a CPU).
   std::optional<bool> pin_memory;
+  /// The micro-batch rounded down to a multiple of this (`--multiple-of`).
+  std::optional<int64_t> multiple_of;
   /// An exact learning rate (`--lr`), not scaled with the global batch.
   std::optional<double> lr;
   /// Processes of the job: the plan's world size.
@@ -50,20 +53,32 @@ void validate(const PlanRequest& request);
 PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& memory,
                                const PlanRequest& request);
 
-/// The plan `request` asks for around a micro-batch already chosen: the
-/// micro-batch `micro_batch_size` (why: `micro_reason`) at precision `amp`
-/// (resolved), the rest from the request and its plan file, for `workload`
-/// on `memory`. Every reason says where its value came from.
-Plan build_plan(const PlanRequest& request, int64_t micro_batch_size,
-                const std::string& micro_reason, const AmpChoice& amp, const Workload& workload,
-                const DeviceMemory& memory);
+/// A micro-batch already chosen, what it was chosen from, and why.
+struct MicroBatchChoice {
+  int64_t size = 0;
+  std::string reason;
+  /// The sweep's rows: what a smaller micro-batch that reaches the target
+  /// batch exactly costs (see `PlanOptions::target_batch`).
+  std::vector<MeasuredSpeed> speeds;
+  double tolerance = 0.02;  /// as the throughput objective's default
+};
+
+/// The plan `request` asks for around a micro-batch already chosen, at
+/// precision `amp` (resolved), the rest from the request and its plan file,
+/// for `workload` on `memory`. Every reason says where its value came from.
+/// The lr belongs to `--base-batch`, else (the default lr) to
+/// `kDefaultBaseBatch`; a `--base-lr` without `--base-batch` is not scaled,
+/// and the plan warns.
+Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const AmpChoice& amp,
+                const Workload& workload, const DeviceMemory& memory);
 
 /// The same for a trial subject without a `Workload` (the Python package's):
 /// no plan file and no workload record; the optimizer's kind is the
 /// request's `optimizer`, the world size its `world_size`, and staging memory
-/// pinned on CUDA (`cuda`).
-Plan build_subject_plan(const PlanRequest& request, int64_t micro_batch_size,
-                        const std::string& micro_reason, const AmpChoice& amp, bool cuda);
+/// pinned on CUDA (`cuda`). Without `base_batch` the lr is not scaled, and
+/// the plan warns.
+Plan build_subject_plan(const PlanRequest& request, const MicroBatchChoice& micro,
+                        const AmpChoice& amp, bool cuda);
 
 /// Why the micro-batch is `micro_batch_size`: `why`, and, when this rank
 /// fits more than the job's smallest (`rank_max_batch`), both figures.

@@ -114,7 +114,7 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective,
 
 /// The confidence of a choice that reads every row by more than its speed
 /// (goodput, energy): the lowest level of the rows' intervals, or nullopt
-/// (inconclusive) when one of them is noisy.
+/// (inconclusive) when one of them is noisy or was timed over one step.
 std::optional<double> rows_confidence(const std::vector<SweepRow>& rows);
 
 /// What holds throughput back, as a kind and a sentence.

@@ -31,7 +31,7 @@ class Workload;
 /// The phases of a tune, in order. `kLengths` runs only for a length range
 /// (`int64:16..512`): the memory model over batch and length, and the token
 /// budget (see `plan_token_budget`).
-enum class TunePhase { kPrecision, kSearch, kLengths, kSweep, kNoise, kLoader, kPlan };
+enum class TunePhase { kPrecision, kSearch, kLengths, kSweep, kNoise, kEval, kLoader, kPlan };
 std::string to_string(TunePhase phase);
 
 /// Shares of the time budget (`TuneOptions::time_budget_s`) that each phase
@@ -42,10 +42,13 @@ std::string to_string(TunePhase phase);
 /// The precision phase (`amp auto` on a CPU) comes first and takes what it
 /// needs of its share; elsewhere it takes nothing and hands its share on.
 constexpr double kPrecisionBudgetShare = 0.10;
-constexpr double kSearchBudgetShare = 0.35;
+constexpr double kSearchBudgetShare = 0.30;
 constexpr double kSweepBudgetShare = 0.30;
 constexpr double kNoiseBudgetShare = 0.15;
 constexpr double kLoaderBudgetShare = 0.10;
+/// The evaluation batch's search: forward-only trials of one step each,
+/// memory only (see `TuneResult::eval_search`).
+constexpr double kEvalBudgetShare = 0.05;
 /// A run ends within its budget plus this share (trials are sized to what
 /// is left, the minimum warm-up and one timed step excepted); past it the
 /// result's `budget_note` says why.
@@ -87,6 +90,11 @@ struct TuneResult {
   /// the smallest rank's).
   std::optional<int64_t> rank_max_batch_size;
   std::vector<SweepRow> sweep;
+  /// The largest evaluation batch: the same search over forward-only
+  /// trials (no gradients, no optimizer state, the model in eval mode), as
+  /// Lightning's finder sizes its validation loaders; nullopt where it did
+  /// not run (search only, a subject without a forward-only step).
+  std::optional<SearchResult> eval_search;
   Objective objective = Objective::kThroughput;
   Selection selection;
   Diagnosis diagnosis;
