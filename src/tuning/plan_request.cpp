@@ -71,6 +71,14 @@ PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& mem
   return w;
 }
 
+std::optional<int64_t> lr_base_batch(const PlanRequest& request) {
+  // The default lr is documented for kDefaultBaseBatch; a --base-lr belongs
+  // to --base-batch, or to a batch nobody said.
+  if (request.base_batch) return *request.base_batch;
+  if (request.base_lr) return std::nullopt;
+  return kDefaultBaseBatch;
+}
+
 namespace {
 
 /// The micro-batch's reason first: the tune's, after the plan's own when the
@@ -131,10 +139,7 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
         .prefetch(file.prefetch);
     pipeline_why = "from " + from;
   } else {
-    // The default lr is documented for kDefaultBaseBatch; a --base-lr
-    // belongs to --base-batch, or to a batch nobody said.
-    const int64_t base_batch =
-        request.base_batch ? *request.base_batch : request.base_lr ? 0 : kDefaultBaseBatch;
+    const int64_t base_batch = lr_base_batch(request).value_or(0);
     options.target_batch(request.target_batch.value_or(0))
         .base_lr(request.base_lr.value_or(workload.options().lr()))
         .base_lr_source(request.base_lr ? std::string("--base-lr")

@@ -147,7 +147,9 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& 
   result.noise = measure_noise_scale(workload, memory, data, micro, lr, options.noise_steps(),
                                      options.seed());
   result.noise_data = data.describe();
-  result.goodput_base_batch = options.plan().base_batch.value_or(smallest);
+  // B0: the batch the lr belongs to, as the plan scales it; else the
+  // smallest measured.
+  result.goodput_base_batch = lr_base_batch(options.plan()).value_or(smallest);
   const NoiseScaleMeasurement& noise = *result.noise;
   // Unbounded noise makes every batch equally efficient: goodput is throughput.
   const double noise_scale = noise.noise_scale.value_or(std::numeric_limits<double>::infinity());

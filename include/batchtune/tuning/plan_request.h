@@ -53,6 +53,11 @@ void validate(const PlanRequest& request);
 PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& memory,
                                const PlanRequest& request);
 
+/// The batch the request's lr belongs to: `--base-batch`, else
+/// `kDefaultBaseBatch` for the workload's default lr; nullopt for a
+/// `--base-lr` without `--base-batch` (then the lr is not scaled).
+std::optional<int64_t> lr_base_batch(const PlanRequest& request);
+
 /// A micro-batch already chosen, what it was chosen from, and why.
 struct MicroBatchChoice {
   int64_t size = 0;
