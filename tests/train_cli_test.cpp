@@ -73,8 +73,6 @@ INSTANTIATE_TEST_SUITE_P(
                       "--target-accuracy"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 85",
                       "give 0.85"},
-        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy abc",
-                      "--target-accuracy"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 0.9",
                       "no test split"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every -1",
