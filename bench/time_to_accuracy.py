@@ -187,12 +187,15 @@ def table(title, target, runs):
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for way, rs in runs.items():
         ok = [r for r in rs if reached(r)]
-        first = rs[0]
-        plan = first.get("plan")
-        batch = (f"{first['micro_batch_size']} x {first['accumulation_steps']} = "
-                 f"{first['global_batch_size']}")
-        if plan:
-            batch += f", lr {plan['lr']:.3g}"
+        # Each run's own, once: a tune may choose differently from run to run.
+        batches = []
+        for r in rs:
+            batch = f"{r['micro_batch_size']} x {r['accumulation_steps']} = {r['global_batch_size']}"
+            if r.get("plan"):
+                batch += f", lr {r['plan']['lr']:.3g}"
+            if batch not in batches:
+                batches.append(batch)
+        batch = " / ".join(batches)
         tune = [r["tune_s"] for r in rs]
         print(f"| {WAYS[way]} | {batch} | {len(ok)} of {len(rs)} | "
               f"{median([r['steps_to_target'] for r in ok], '{:.0f}')} | "
