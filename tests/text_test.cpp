@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -17,6 +20,7 @@
 #include "batchtune/step/workload.h"
 #include "batchtune/training/token_trainer.h"
 #include "batchtune/tuning/token_budget.h"
+#include "fake_clock.h"
 #include "image_folder_fixture.h"
 #include "test_helpers.h"
 
@@ -200,6 +204,103 @@ TEST(TokenTrainer, OutOfMemoryShrinksTheBudgetAndKeepsTheTokensPerStep) {
   EXPECT_GE(s.oom_recoveries, 1);
   EXPECT_LT(s.token_budget, 4096);
   EXPECT_EQ(s.samples, text.size()) << "the same samples, every one trained on";
+}
+
+/// A small gpt over random letters: its loss falls from ln 256 towards ln 26.
+struct TargetLossRun {
+  std::vector<double> losses;  ///< each optimizer step's
+  int64_t targets_reached = 0;
+  TrainSummary summary;
+};
+
+TargetLossRun train_to_loss(const TextDataset& text, std::optional<double> target,
+                            testing::FakeClock& clock) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  Workload workload(WorkloadOptions()
+                        .model("gpt")
+                        .input_spec(parse_input_flags(InputFlags().inputs({"int64:16..64"}).vocab(256)))
+                        .gpt(GptOptions().layers(1).heads(2).width(32))
+                        .seed(3));
+  Plan plan;
+  plan.token_budget = 512;
+  for (int64_t bound : length_bucket_bounds({16, 64})) {
+    plan.length_buckets.push_back({bound, plan.token_budget / bound});
+  }
+  plan.lr = 1e-2;
+  TargetLossRun run;
+  run.summary = train_by_tokens(
+      workload, *memory, plan, text,
+      TokenTrainOptions().epochs(4).seed(5).log_every(1).target_loss(target).loss_window(4).clock(
+          &clock),
+      [&](const TrainEvent& e) {
+        if (e.kind == TrainEvent::Kind::kLog) run.losses.push_back(e.loss);
+        if (e.kind == TrainEvent::Kind::kTargetReached) ++run.targets_reached;
+      },
+      [&](int64_t) { clock.advance(1); });  // a step takes 1 s of the fake clock
+  return run;
+}
+
+TEST(TokenTrainer, StopsOnceTheMovingMeanLossReachesTheTarget) {
+  TextFolder folder("target", {16, 64}, 160, 6);
+  TextDataset text(folder.path(), {16, 64});
+  testing::FakeClock reference_clock;
+  const TargetLossRun reference = train_to_loss(text, std::nullopt, reference_clock);
+  ASSERT_GT(reference.losses.size(), 8U);
+  // The moving means over 4 steps; the target is the lowest of the first
+  // half, so that the run reaches it before its end.
+  std::vector<double> means;
+  std::deque<double> window;
+  double sum = 0;
+  for (double loss : reference.losses) {
+    window.push_back(loss);
+    sum += loss;
+    if (window.size() > 4) {
+      sum -= window.front();
+      window.pop_front();
+    }
+    means.push_back(window.size() == 4 ? sum / 4 : 1e9);
+  }
+  const double target = *std::min_element(means.begin(), means.begin() + means.size() / 2);
+  ASSERT_LT(target, reference.losses.front()) << "the loss falls";
+  int64_t expected_steps = 0;
+  while (means[static_cast<size_t>(expected_steps)] > target) ++expected_steps;
+  ++expected_steps;  // steps are counted from 1
+  ASSERT_LT(expected_steps, reference.summary.steps);
+
+  testing::FakeClock clock;
+  const TargetLossRun run = train_to_loss(text, target, clock);
+  EXPECT_EQ(run.summary.steps, expected_steps);
+  EXPECT_EQ(run.targets_reached, 1);
+  ASSERT_TRUE(run.summary.target.has_value());
+  EXPECT_EQ(run.summary.target->metric, "train_loss");
+  EXPECT_TRUE(run.summary.target_reached);
+  EXPECT_EQ(run.summary.steps_to_target, expected_steps);
+  EXPECT_EQ(run.summary.samples_to_target, run.summary.samples);
+  EXPECT_EQ(run.summary.seconds_to_target, static_cast<double>(expected_steps));
+  EXPECT_LT(run.summary.samples, reference.summary.samples);
+}
+
+TEST(TokenTrainer, ATargetLossNotReachedLeavesTheToTargetFieldsEmpty) {
+  TextFolder folder("unreached", {16, 64}, 40, 7);
+  TextDataset text(folder.path(), {16, 64});
+  testing::FakeClock clock;
+  const TargetLossRun run = train_to_loss(text, 1e-6, clock);
+  ASSERT_TRUE(run.summary.target.has_value());
+  EXPECT_FALSE(run.summary.target_reached);
+  EXPECT_FALSE(run.summary.steps_to_target.has_value());
+  EXPECT_FALSE(run.summary.seconds_to_target.has_value());
+  EXPECT_FALSE(run.summary.samples_to_target.has_value());
+  EXPECT_DOUBLE_EQ(run.summary.epochs, 4.0);
+}
+
+TEST(TokenTrainer, ABadTargetLossIsRefusedNamingTheFlag) {
+  TextFolder folder("badtarget", {16, 64}, 20, 8);
+  TextDataset text(folder.path(), {16, 64});
+  testing::FakeClock clock;
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    const std::string message = error_of([&] { train_to_loss(text, bad, clock); });
+    EXPECT_NE(message.find("--target-loss"), std::string::npos) << bad << ": " << message;
+  }
 }
 
 }  // namespace

@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "batchtune/data/fashion_mnist.h"
 #include "cli_runner.h"
 
 namespace {
@@ -64,6 +67,22 @@ INSTANTIATE_TEST_SUITE_P(
                       "--target-batch 100000",
                       "--target-batch"},
         BadTrainInput{"train --plan /nonexistent/plan.json --model mlp --input 1x8x8", "--plan"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 1.5",
+                      "--target-accuracy"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 0",
+                      "--target-accuracy"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 85",
+                      "give 0.85"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-accuracy 0.9",
+                      "no test split"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every -1",
+                      "--eval-every"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every 10",
+                      "--eval-every"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-loss 1.5",
+                      "--target-loss"},
+        BadTrainInput{"train --data text:/tmp --target-loss -1", "--target-loss"},
+        BadTrainInput{"train --data text:/tmp --target-accuracy 0.5", "--target-accuracy"},
         BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"}));
 
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {
@@ -87,10 +106,13 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
                           "global_batch_size", "world_size", "seconds", "samples_per_s",
                           "noise_scale", "complete", "interrupted_by", "skipped_samples",
                           "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale",
-                          "tokens_per_s"}) {
+                          "tokens_per_s", "target", "steps_to_target", "seconds_to_target",
+                          "samples_to_target"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 21U);
+  EXPECT_EQ(json.size(), 25U);
+  EXPECT_TRUE(json["target"].is_null()) << "no target given";
+  EXPECT_TRUE(json["steps_to_target"].is_null());
   EXPECT_TRUE(json["tokens_per_s"].is_null()) << "images have no tokens";
   EXPECT_EQ(json["skipped_steps"], 0);
   EXPECT_TRUE(json["loss_scale"].is_null()) << "no loss scaler without fp16";
@@ -104,6 +126,33 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
   EXPECT_TRUE(json["test_accuracy"].is_null());
   EXPECT_NE(r.output.find("step 2/4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("plan: micro-batch 8 x 4"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, StopsAtATargetAccuracyOnFashionMnistAndSaysWhere) {
+  struct stat st{};
+  if (::stat((std::string(batchtune::kFashionMnistDefaultDir) + "/t10k-images-idx3-ubyte.gz").c_str(),
+             &st) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  // Half right is far below what an mlp reaches in 300 steps of 32.
+  const auto r = run_cli("train --data fashion-mnist --model mlp --device cpu --amp off "
+                         "--batch-size 32 --steps 300 --eval-every 20 --target-accuracy 0.5 "
+                         "--log-every 0 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_EQ(j["target"]["metric"], "test_accuracy");
+  EXPECT_EQ(j["target"]["reached"], true) << r.output;
+  const int64_t steps = j["steps_to_target"].get<int64_t>();
+  EXPECT_EQ(steps % 20, 0) << "reached at an evaluation";
+  EXPECT_LT(steps, 300);
+  EXPECT_EQ(j["steps"], steps) << "training stopped there";
+  EXPECT_EQ(j["samples_to_target"], steps * 32);
+  EXPECT_GE(j["test_accuracy"].get<double>(), 0.5);
+  EXPECT_LE(j["seconds_to_target"].get<double>(), j["seconds"].get<double>());
+  EXPECT_NE(r.output.find("target test accuracy 50.00 %: reached at step " +
+                          std::to_string(steps)),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(TrainCli, PlanWrittenByPlanIsReadBackByPlanAndTrain) {

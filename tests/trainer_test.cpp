@@ -3,15 +3,21 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/reports/train_reporter.h"
 #include "batchtune/step/workload.h"
+#include "fake_clock.h"
 #include "test_helpers.h"
 
 namespace batchtune {
@@ -263,6 +269,178 @@ TEST(Trainer, WarmupSetsTheLearningRatePerOptimizerStep) {
   ASSERT_EQ(lrs.size(), 6U);
   const std::vector<double> expected{0.1, 0.2, 0.3, 0.4, 0.4, 0.4};
   for (size_t i = 0; i < lrs.size(); ++i) EXPECT_DOUBLE_EQ(lrs[i], expected[i]) << i;
+}
+
+/// The toy problem of `TrainsEpochsWithATestSplitAndReportsEvents`: 16
+/// optimizer steps per epoch at 32, a test split it learns.
+struct TargetRun {
+  std::vector<int64_t> eval_steps;     ///< steps of the evaluations, in order
+  std::vector<double> accuracies;      ///< their test accuracy
+  int64_t targets_reached = 0;         ///< kTargetReached events
+  TrainSummary summary;
+};
+
+TargetRun train_toward(std::optional<double> target, testing::FakeClock& clock) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = toy_data({16}, 512, 4, 2);
+  const auto test = toy_data({16}, 128, 4, 12);
+  Workload w = make_workload("mlp", {16}, 4);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(32).base_lr(1e-2));
+  Trainer trainer(w, *memory, plan, *train, test.get(),
+                  TrainOptions().epochs(3).seed(4).eval_every(3).target_accuracy(target));
+  trainer.set_clock(clock);
+  TargetRun run;
+  // A training step takes 1 s of the fake clock, an evaluation 100 s: only
+  // the steps may count.
+  trainer.set_before_step([&](int64_t) { clock.advance(1); });
+  trainer.set_callback([&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::kEvaluation || e.kind == TrainEvent::Kind::kEpochEnd) {
+      run.eval_steps.push_back(e.step);
+      run.accuracies.push_back(e.test_accuracy.value_or(-1));
+      clock.advance(100);
+    }
+    if (e.kind == TrainEvent::Kind::kTargetReached) ++run.targets_reached;
+  });
+  run.summary = trainer.run();
+  return run;
+}
+
+TEST(Trainer, EvalEveryEvaluatesBetweenEpochEndsToo) {
+  testing::FakeClock clock;
+  const TargetRun run = train_toward(std::nullopt, clock);
+  // Every 3 steps and at the epoch ends (16, 32, 48), each step once.
+  const std::vector<int64_t> expected{3,  6,  9,  12, 15, 16, 18, 21, 24, 27, 30,
+                                      32, 33, 36, 39, 42, 45, 48};
+  EXPECT_EQ(run.eval_steps, expected);
+  EXPECT_EQ(run.summary.steps, 48);
+  EXPECT_DOUBLE_EQ(run.summary.seconds, 48.0) << "evaluation time is not training time";
+  EXPECT_FALSE(run.summary.target.has_value());
+  EXPECT_FALSE(run.summary.steps_to_target.has_value());
+}
+
+TEST(Trainer, StopsAtTheFirstEvaluationThatReachesTheTargetAccuracy) {
+  testing::FakeClock reference_clock;
+  const TargetRun reference = train_toward(std::nullopt, reference_clock);
+  // The target: the best accuracy of the first half of the evaluations, so
+  // that the run reaches it before its end; it must stop at the first
+  // evaluation at or above it.
+  const size_t half = reference.accuracies.size() / 2;
+  const double target =
+      *std::max_element(reference.accuracies.begin(), reference.accuracies.begin() + half);
+  ASSERT_GT(target, 0.25) << "the toy problem learns beyond chance";
+  size_t first = 0;
+  while (reference.accuracies[first] < target) ++first;
+  const int64_t expected_step = reference.eval_steps[first];
+  ASSERT_LT(expected_step, 48);
+
+  testing::FakeClock clock;
+  const TargetRun run = train_toward(target, clock);
+  EXPECT_EQ(run.summary.steps, expected_step);
+  EXPECT_EQ(run.eval_steps.back(), expected_step) << "no evaluation after the target";
+  EXPECT_EQ(run.targets_reached, 1);
+  EXPECT_TRUE(run.summary.complete);
+  ASSERT_TRUE(run.summary.target.has_value());
+  EXPECT_EQ(run.summary.target->metric, "test_accuracy");
+  EXPECT_DOUBLE_EQ(run.summary.target->value, target);
+  EXPECT_TRUE(run.summary.target_reached);
+  ASSERT_TRUE(run.summary.test_accuracy.has_value());
+  EXPECT_GE(*run.summary.test_accuracy, target);
+  EXPECT_EQ(run.summary.steps_to_target, expected_step);
+  EXPECT_EQ(run.summary.samples_to_target, expected_step * 32);
+  // 1 s per step; the evaluations' 100 s each are left out.
+  EXPECT_EQ(run.summary.seconds_to_target, static_cast<double>(expected_step));
+  EXPECT_DOUBLE_EQ(run.summary.seconds, static_cast<double>(expected_step));
+}
+
+TEST(Trainer, ATargetNotReachedLeavesTheToTargetFieldsEmpty) {
+  testing::FakeClock clock;
+  const TargetRun run = train_toward(1.0, clock);  // 100 % on held-out data: not here
+  ASSERT_LT(*run.summary.test_accuracy, 1.0);
+  EXPECT_EQ(run.summary.steps, 48);
+  EXPECT_TRUE(run.summary.complete);
+  ASSERT_TRUE(run.summary.target.has_value());
+  EXPECT_FALSE(run.summary.target_reached);
+  EXPECT_FALSE(run.summary.steps_to_target.has_value());
+  EXPECT_FALSE(run.summary.seconds_to_target.has_value());
+  EXPECT_FALSE(run.summary.samples_to_target.has_value());
+  EXPECT_EQ(run.targets_reached, 0);
+}
+
+TEST(Trainer, BadTargetOptionsAreRefusedNamingTheFlag) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto data = toy_data({16}, 64, 4, 6);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(8));
+  const auto refused = [&](const TrainOptions& options, const Dataset* test) {
+    Workload w = make_workload("mlp", {16}, 4);
+    try {
+      Trainer(w, *memory, plan, *data, test, options);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (double bad : {0.0, -0.5, 1.5, 85.0, std::nan("")}) {
+    EXPECT_NE(refused(TrainOptions().target_accuracy(bad), data.get()).find("--target-accuracy"),
+              std::string::npos)
+        << bad;
+  }
+  EXPECT_NE(refused(TrainOptions().target_accuracy(0.85), nullptr).find("test split"),
+            std::string::npos);
+  EXPECT_NE(refused(TrainOptions().eval_every(-1), data.get()).find("--eval-every"),
+            std::string::npos);
+  EXPECT_EQ(refused(TrainOptions().target_accuracy(1.0).eval_every(2), data.get()), "accepted");
+}
+
+TEST(TrainReporter, TheSummaryJsonHasTheTargetFields) {
+  TrainSummary none;
+  const nlohmann::json plain = to_json(none);
+  for (const char* key : {"target", "steps_to_target", "seconds_to_target", "samples_to_target"}) {
+    ASSERT_TRUE(plain.contains(key)) << key;
+    EXPECT_TRUE(plain[key].is_null()) << key << " without a target";
+  }
+  TrainSummary reached;
+  reached.target = TrainTarget{"test_accuracy", 0.85};
+  reached.target_reached = true;
+  reached.steps_to_target = 420;
+  reached.seconds_to_target = 12.5;
+  reached.samples_to_target = 420 * 64;
+  const nlohmann::json j = to_json(reached);
+  EXPECT_EQ(j["target"]["metric"], "test_accuracy");
+  EXPECT_DOUBLE_EQ(j["target"]["value"].get<double>(), 0.85);
+  EXPECT_EQ(j["target"]["reached"], true);
+  EXPECT_EQ(j["steps_to_target"], 420);
+  EXPECT_DOUBLE_EQ(j["seconds_to_target"].get<double>(), 12.5);
+  EXPECT_EQ(j["samples_to_target"], 420 * 64);
+
+  std::ostringstream console;
+  TrainConsoleReporter(console, false).summary(reached);
+  EXPECT_NE(console.str().find("target test accuracy 85.00 %: reached at step 420"),
+            std::string::npos)
+      << console.str();
+}
+
+TEST(Trainer, ResumingARunThatReachedItsTargetReemitsItsSummary) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = toy_data({16}, 512, 4, 2);
+  const auto test = toy_data({16}, 128, 4, 12);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(32).base_lr(1e-2));
+  const std::string dir = ::testing::TempDir() + "batchtune_target_resume";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+  ::mkdir(dir.c_str(), 0755);
+  // Any accuracy above chance: reached within the run.
+  const auto options = TrainOptions().epochs(3).eval_every(2).target_accuracy(0.3).checkpoint_dir(dir);
+  Workload w = make_workload("mlp", {16}, 4);
+  const TrainSummary first = Trainer(w, *memory, plan, *train, test.get(), options).run();
+  ASSERT_TRUE(first.target_reached);
+  ASSERT_LT(first.steps, 48);
+  Workload again = make_workload("mlp", {16}, 4);
+  const TrainSummary second =
+      Trainer(again, *memory, plan, *train, test.get(), TrainOptions(options).resume(true)).run();
+  EXPECT_TRUE(second.already_finished);
+  EXPECT_EQ(second.steps, first.steps);
+  EXPECT_EQ(second.steps_to_target, first.steps_to_target);
+  EXPECT_EQ(second.samples_to_target, first.samples_to_target);
+  EXPECT_EQ(second.seconds_to_target, first.seconds_to_target);
 }
 
 }  // namespace

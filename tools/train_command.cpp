@@ -1,7 +1,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "batchtune/data/dataset.h"
 #include "batchtune/common/atomic_file.h"
@@ -51,6 +53,10 @@ struct TrainFlags {
   std::string checkpoint;
   int64_t checkpoint_every = 0;
   int64_t target_tokens = 0;
+  int64_t eval_every = 0;
+  // Set when the flag is given (`CLI::App::count`).
+  double target_accuracy = 0;
+  double target_loss = 0;
   bool resume = false;
   bool memory_summary = false;
   bool no_noise_scale = false;
@@ -63,6 +69,12 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                    const PlanRequest& request) {
   if (!flags.checkpoint.empty()) {
     throw Error("--data text: trains without checkpoints for now; leave out --checkpoint");
+  }
+  if (cmd.count("--target-accuracy") > 0 || flags.eval_every > 0) {
+    throw Error(fmt::format("{}: --data text has no test split to evaluate; stop at a training "
+                            "loss with --target-loss",
+                            cmd.count("--target-accuracy") > 0 ? "--target-accuracy"
+                                                               : "--eval-every"));
   }
   if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
   const std::string dir = flags.data.data.substr(std::string("text:").size());
@@ -119,12 +131,15 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .log_every(flags.log_every)
           .target_tokens(flags.target_tokens)
           .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
-          .pad_to(fixed ? range->max : 0),
+          .pad_to(fixed ? range->max : 0)
+          .target_loss(cmd.count("--target-loss") > 0 ? std::optional<double>(flags.target_loss)
+                                                      : std::nullopt),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
           out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",
                              e.step, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.message);
-        } else if (e.kind == TrainEvent::Kind::kOomRecovery) {
+        } else if (e.kind == TrainEvent::Kind::kOomRecovery ||
+                   e.kind == TrainEvent::Kind::kTargetReached) {
           out << e.message << "\n";
         }
         out << std::flush;
@@ -146,6 +161,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   for (const auto& [flag, value] :
        {std::pair<const char*, int64_t>{"--steps", flags.steps},
         {"--log-every", flags.log_every},
+        {"--eval-every", flags.eval_every},
         {"--checkpoint-every", flags.checkpoint_every}}) {
     if (value > kMaxPlanCount) {
       throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, value));
@@ -157,6 +173,30 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.checkpoint_every < 0) {
     throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
                             flags.checkpoint_every));
+  }
+  if (flags.eval_every < 0) {
+    throw Error(fmt::format("--eval-every: must be 0 (epoch ends only) or more, got {}",
+                            flags.eval_every));
+  }
+  const bool text = flags.data.data.rfind("text:", 0) == 0;
+  if (cmd.count("--target-accuracy") > 0) {
+    const double a = flags.target_accuracy;
+    if (!(a > 0 && a <= 1)) {
+      throw Error(fmt::format("--target-accuracy: must be a fraction in (0, 1], like 0.85; got "
+                              "{}{}",
+                              a, a > 1 && a <= 100 ? fmt::format(" (for {} % give {})", a, a / 100)
+                                                   : std::string()));
+    }
+  }
+  if (cmd.count("--target-loss") > 0) {
+    if (!(std::isfinite(flags.target_loss) && flags.target_loss > 0)) {
+      throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}",
+                              flags.target_loss));
+    }
+    if (!text) {
+      throw Error("--target-loss: only for token training (--data text:DIR); with a test split "
+                  "stop at --target-accuracy");
+    }
   }
   if (flags.resume && flags.checkpoint.empty()) {
     throw Error("--resume: needs --checkpoint DIR to resume from");
@@ -183,7 +223,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.target_tokens < 0) {
     throw Error(fmt::format("--target-tokens: must be at least 1, got {}", flags.target_tokens));
   }
-  if (flags.data.data.rfind("text:", 0) == 0) {
+  if (text) {
     InterruptHandler interrupts;
     return run_train_text(flags, cmd, workload_flags, request);
   }
@@ -207,6 +247,15 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   }
   // Real data decide the input shape and the classes.
   const DataSplits data = open_data(flags.data, workload_flags);
+  if (cmd.count("--target-accuracy") > 0 && !data.test) {
+    throw Error(fmt::format("--target-accuracy: --data {} has no test split to evaluate on; use "
+                            "--data fashion-mnist or an image folder with a test split",
+                            flags.data.data));
+  }
+  if (flags.eval_every > 0 && !data.test) {
+    throw Error(fmt::format("--eval-every: --data {} has no test split to evaluate on",
+                            flags.data.data));
+  }
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   Job job = join_job(flags.distributed, env, resolved.memory->device());
   DataParallel data_parallel(job.communicator.get());
@@ -269,7 +318,11 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .checkpoint_every(flags.checkpoint_every)
                       .resume(flags.resume)
                       .eval_batch_size(plan.eval_micro_batch_size)
-                      .measure_noise_scale(!flags.no_noise_scale));
+                      .measure_noise_scale(!flags.no_noise_scale)
+                      .eval_every(flags.eval_every)
+                      .target_accuracy(cmd.count("--target-accuracy") > 0
+                                           ? std::optional<double>(flags.target_accuracy)
+                                           : std::nullopt));
   // Device utilization for the log lines: the mean over the last few seconds.
   Monitor monitor(make_sampler(resolved.memory->device()));
   const std::string device = resolved.memory->device().str();
@@ -326,6 +379,15 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--target-tokens", flags->target_tokens,
                   "--data text: real tokens per optimizer step, reached by accumulating "
                   "micro-batches (default: the token budget)");
+  cmd->add_option("--eval-every", flags->eval_every,
+                  "evaluate the test split every N optimizer steps as well as at epoch ends "
+                  "(0: epoch ends only)");
+  cmd->add_option("--target-accuracy", flags->target_accuracy,
+                  "stop as soon as an evaluation reaches this test accuracy, a fraction in "
+                  "(0, 1] (needs a test split; see --eval-every)");
+  cmd->add_option("--target-loss", flags->target_loss,
+                  "--data text: stop once the mean training loss over the last 10 optimizer "
+                  "steps is at or below this");
   cmd->add_option("--checkpoint", flags->checkpoint, "directory for checkpoint.pt");
   cmd->add_option("--checkpoint-every", flags->checkpoint_every,
                   "a checkpoint every N optimizer steps, and at the end");

@@ -12,6 +12,13 @@ namespace {
 
 constexpr int kBarWidth = 24;
 
+/// "test accuracy 85.00 %" or "training loss 1.5000".
+std::string describe_target(const TrainTarget& t) {
+  if (t.metric == "test_accuracy") return fmt::format("test accuracy {:.2f} %", t.value * 100);
+  if (t.metric == "train_loss") return fmt::format("training loss {:.4f}", t.value);
+  return fmt::format("{} {:.4g}", t.metric, t.value);
+}
+
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
@@ -61,6 +68,16 @@ nlohmann::json to_json(const TrainSummary& s) {
     j["samples_per_step"] = per_step(s.samples);
     j["micro_batches_per_step"] = per_step(s.micro_batches);
   }
+  // Null without a target; the *_to_target fields null unless it was reached.
+  j["target"] = s.target ? nlohmann::json{{"metric", s.target->metric},
+                                          {"value", s.target->value},
+                                          {"reached", s.target_reached}}
+                         : nlohmann::json();
+  j["steps_to_target"] = s.steps_to_target ? nlohmann::json(*s.steps_to_target) : nlohmann::json();
+  j["seconds_to_target"] =
+      s.seconds_to_target ? nlohmann::json(*s.seconds_to_target) : nlohmann::json();
+  j["samples_to_target"] =
+      s.samples_to_target ? nlohmann::json(*s.samples_to_target) : nlohmann::json();
   // Only on a re-emitted summary (--resume of a finished run).
   if (s.already_finished) j["already_finished"] = true;
   return j;
@@ -145,6 +162,11 @@ void TrainConsoleReporter::report(const TrainEvent& e) {
                               ? fmt::format(", test accuracy {:.2f} %", *e.test_accuracy * 100)
                               : std::string());
       break;
+    case Kind::kEvaluation:
+      out_ << fmt::format("step {}: loss {:.4f}, test accuracy {:.2f} %\n", e.step, e.loss,
+                          e.test_accuracy.value_or(0) * 100);
+      break;
+    case Kind::kTargetReached:
     case Kind::kOomRecovery:
     case Kind::kCheckpoint:
     case Kind::kResumed: out_ << e.message << "\n"; break;
@@ -184,6 +206,14 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
                         s.token_budget > 0 ? fmt::format("; token budget {} at the end",
                                                          s.token_budget)
                                            : "");
+  }
+  if (s.target) {
+    out_ << (s.target_reached && s.steps_to_target && s.seconds_to_target && s.samples_to_target
+                 ? fmt::format("target {}: reached at step {} ({} samples, {:.1f} s of training)\n",
+                               describe_target(*s.target), *s.steps_to_target,
+                               *s.samples_to_target, *s.seconds_to_target)
+                 : fmt::format("target {}: not reached in {} steps\n",
+                               describe_target(*s.target), s.steps));
   }
   if (!s.complete) {
     out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",

@@ -95,6 +95,20 @@ std::optional<double> optional_double(const nlohmann::json& j) {
   return j.get<double>();
 }
 
+nlohmann::json optional_json(const std::optional<int64_t>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json();
+}
+
+std::optional<int64_t> optional_int(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return j.get<int64_t>();
+}
+
+nlohmann::json target_json(const std::optional<TrainTarget>& t) {
+  if (!t) return nlohmann::json();
+  return {{"metric", t->metric}, {"value", t->value}};
+}
+
 // The whole summary, so that a finished run's is re-emitted as it was.
 nlohmann::json to_json_full(const TrainSummary& s) {
   return {{"steps", s.steps},
@@ -114,7 +128,12 @@ nlohmann::json to_json_full(const TrainSummary& s) {
           {"resumed_from_step", s.resumed_from_step},
           {"complete", s.complete},
           {"interrupted_by", s.interrupted_by},
-          {"noise_scale", optional_json(s.noise_scale)}};
+          {"noise_scale", optional_json(s.noise_scale)},
+          {"target", target_json(s.target)},
+          {"target_reached", s.target_reached},
+          {"steps_to_target", optional_json(s.steps_to_target)},
+          {"seconds_to_target", optional_json(s.seconds_to_target)},
+          {"samples_to_target", optional_json(s.samples_to_target)}};
 }
 
 TrainSummary summary_from_json(const nlohmann::json& j) {
@@ -137,6 +156,15 @@ TrainSummary summary_from_json(const nlohmann::json& j) {
   s.complete = j.at("complete").get<bool>();
   s.interrupted_by = j.at("interrupted_by").get<std::string>();
   s.noise_scale = optional_double(j.at("noise_scale"));
+  // Checkpoints written before targets existed have none of these.
+  if (j.contains("target") && !j.at("target").is_null()) {
+    s.target = TrainTarget{j.at("target").at("metric").get<std::string>(),
+                           j.at("target").at("value").get<double>()};
+    s.target_reached = j.at("target_reached").get<bool>();
+    s.steps_to_target = optional_int(j.at("steps_to_target"));
+    s.seconds_to_target = optional_double(j.at("seconds_to_target"));
+    s.samples_to_target = optional_int(j.at("samples_to_target"));
+  }
   return s;
 }
 

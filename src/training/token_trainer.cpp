@@ -5,7 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cmath>
+#include <deque>
 #include <limits>
 #include <optional>
 
@@ -17,8 +18,6 @@
 
 namespace batchtune {
 namespace {
-
-using SteadyTime = std::chrono::steady_clock;
 
 /// `batch`'s samples in two halves (the same samples and tokens), each
 /// padded to its own longest.
@@ -85,13 +84,26 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   int64_t budget = fixed ? options.fixed_batch_size() * pad_to : plan.token_budget;
   const int64_t target_tokens = options.target_tokens() > 0 ? options.target_tokens() : budget;
   if (target_tokens < 1) throw Error("--target-tokens: must be at least 1");
+  if (const auto& target = options.target_loss()) {
+    if (!(std::isfinite(*target) && *target > 0)) {
+      throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}", *target));
+    }
+  }
+  if (options.loss_window() < 1) {
+    throw Error(fmt::format("--target-loss: the loss window must be at least 1 step, got {}",
+                            options.loss_window()));
+  }
+  const Clock& clock = options.clock() != nullptr ? *options.clock() : steady_clock();
 
   TrainingStep step(workload, memory.device(), StepOptions().amp(plan.amp));
   TrainSummary summary;
   summary.world_size = 1;
-  const auto start = SteadyTime::now();
+  if (options.target_loss()) summary.target = TrainTarget{"train_loss", *options.target_loss()};
+  const double start = clock.now_s();
   double loss_since_log = 0;
   int64_t steps_since_log = 0;
+  std::deque<double> window;  // the last `loss_window` steps' losses
+  double window_sum = 0;
   const int64_t epochs = options.steps() > 0 ? std::numeric_limits<int64_t>::max() : options.epochs();
   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     std::vector<TokenBatch> micro =
@@ -184,7 +196,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
         event.epoch = epoch;
         event.loss = loss_since_log / static_cast<double>(steps_since_log);
         event.lr = lr;
-        const double seconds = std::chrono::duration<double>(SteadyTime::now() - start).count();
+        const double seconds = clock.now_s() - start;
         event.samples_per_s = seconds > 0 ? static_cast<double>(summary.samples) / seconds : 0;
         event.memory_used_bytes = memory.live_bytes();
         event.memory_peak_bytes = memory.peak_bytes();
@@ -196,14 +208,42 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
         loss_since_log = 0;
         steps_since_log = 0;
       }
+      if (const auto& target = options.target_loss()) {
+        window.push_back(summary.final_loss);
+        window_sum += summary.final_loss;
+        if (static_cast<int64_t>(window.size()) > options.loss_window()) {
+          window_sum -= window.front();
+          window.pop_front();
+        }
+        const double mean = window_sum / static_cast<double>(window.size());
+        if (static_cast<int64_t>(window.size()) == options.loss_window() && mean <= *target) {
+          summary.target_reached = true;
+          summary.steps_to_target = summary.steps;
+          summary.seconds_to_target = clock.now_s() - start;
+          summary.samples_to_target = summary.samples;
+          if (callback) {
+            TrainEvent event;
+            event.kind = TrainEvent::Kind::kTargetReached;
+            event.step = summary.steps;
+            event.epoch = epoch;
+            event.loss = mean;
+            event.message = fmt::format(
+                "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} "
+                "after {:.1f} s: stopping",
+                mean, options.loss_window(), *target, summary.steps, *summary.seconds_to_target);
+            callback(event);
+          }
+          break;
+        }
+      }
     }
     // Whole epochs, and the share of the last one that ran.
     summary.epochs = static_cast<double>(epoch) +
                      (micro.empty() ? 1.0
                                     : static_cast<double>(next) / static_cast<double>(micro.size()));
-    if (options.steps() > 0 && summary.steps >= options.steps()) break;
+    if ((options.steps() > 0 && summary.steps >= options.steps()) || summary.target_reached) break;
   }
-  summary.seconds = std::chrono::duration<double>(SteadyTime::now() - start).count();
+  summary.seconds = clock.now_s() - start;
   summary.samples_per_s =
       summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
   summary.tokens_per_s =

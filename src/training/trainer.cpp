@@ -10,7 +10,6 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <sstream>
 #include <sys/stat.h>
@@ -29,12 +28,6 @@
 
 namespace batchtune {
 namespace {
-
-using SteadyTime = std::chrono::steady_clock;
-
-double seconds_since(SteadyTime::time_point start) {
-  return std::chrono::duration<double>(SteadyTime::now() - start).count();
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -77,6 +70,20 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
     throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
                             options_.checkpoint_every()));
   }
+  if (options_.eval_every() < 0) {
+    throw Error(fmt::format("--eval-every: must be 0 (epoch ends only) or more, got {}",
+                            options_.eval_every()));
+  }
+  if (const auto& target = options_.target_accuracy()) {
+    if (!(*target > 0 && *target <= 1)) {
+      throw Error(fmt::format("--target-accuracy: must be a fraction in (0, 1], like 0.85; got {}",
+                              *target));
+    }
+    if (test_ == nullptr) {
+      throw Error("--target-accuracy: needs a test split to evaluate on (--data fashion-mnist, "
+                  "or an image folder with a test/ sub-folder)");
+    }
+  }
   if (options_.resume() && options_.checkpoint_dir().empty()) {
     throw Error("--resume: needs --checkpoint DIR to resume from");
   }
@@ -93,9 +100,9 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
 }
 
 void Trainer::settle_clock() {
-  const auto start = SteadyTime::now();
+  const double start = clock_->now_s();
   memory_.synchronize();
-  train_seconds_ += seconds_since(start);
+  train_seconds_ += clock_->now_s() - start;
 }
 
 int64_t Trainer::steps_per_epoch() const { return train_.size() / plan_.global_batch_size; }
@@ -115,7 +122,9 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   e.memory_peak_bytes = memory_.peak_bytes();
   e.memory_capacity_bytes = memory_.capacity_bytes();
   e.message = message;
-  if (kind == TrainEvent::Kind::kEpochEnd) e.test_accuracy = test_accuracy_;
+  if (kind == TrainEvent::Kind::kEpochEnd || kind == TrainEvent::Kind::kEvaluation) {
+    e.test_accuracy = test_accuracy_;
+  }
   Mark* mark = kind == TrainEvent::Kind::kLog        ? &log_mark_
                : kind == TrainEvent::Kind::kProgress ? &progress_mark_
                                                      : nullptr;
@@ -257,12 +266,31 @@ double Trainer::evaluate() {
   return static_cast<double>(correct) / static_cast<double>(test_->size());
 }
 
+bool Trainer::evaluate_now(TrainEvent::Kind kind) {
+  if (test_ == nullptr) return false;
+  if (test_accuracy_step_ != step_) {
+    test_accuracy_ = evaluate();
+    test_accuracy_step_ = step_;
+  }
+  emit(kind);
+  const auto& target = options_.target_accuracy();
+  if (!target || reached_ || *test_accuracy_ < *target) return false;
+  reached_ = Reached{step_, train_seconds_, samples_};
+  emit(TrainEvent::Kind::kTargetReached,
+       fmt::format("test accuracy {:.2f} % reached the target {:.2f} % at step {} after {:.1f} s "
+                   "of training: stopping",
+                   *test_accuracy_ * 100, *target * 100, step_, train_seconds_));
+  return true;
+}
+
 TrainSummary Trainer::run() {
   const int64_t per_epoch = steps_per_epoch();
   total_steps_ = options_.steps() > 0 ? options_.steps() : options_.epochs() * per_epoch;
   if (options_.resume()) {
     const std::optional<TrainSummary> finished = load_checkpoint();
-    if (loaded_ && step_ >= total_steps_) {
+    // A run that stopped at its target is finished too.
+    const bool at_target = finished && finished->target_reached;
+    if (loaded_ && (step_ >= total_steps_ || at_target)) {
       // Nothing left to train: a finished run's summary as it was, never a
       // summary of zero steps over it.
       if (!finished) {
@@ -271,9 +299,10 @@ TrainSummary Trainer::run() {
                                 options_.checkpoint_dir(), kCheckpointFile, step_, total_steps_));
       }
       emit(TrainEvent::Kind::kResumed,
-           fmt::format("the run in {} is already finished (step {} of {}): nothing to train; "
-                       "its summary follows",
-                       options_.checkpoint_dir(), step_, total_steps_));
+           fmt::format("the run in {} is already finished (step {} of {}{}): nothing to "
+                       "train; its summary follows",
+                       options_.checkpoint_dir(), step_, total_steps_,
+                       at_target ? ", stopped at its target" : ""));
       TrainSummary s = *finished;
       s.already_finished = true;
       return s;
@@ -322,7 +351,7 @@ TrainSummary Trainer::run() {
           .seed(options_.seed()));
 
   while (step_ < total_steps_) {
-    const auto start = SteadyTime::now();
+    const double start = clock_->now_s();
     if (before_step_) before_step_(step_);
     const double waited = loader.wait_seconds();
     const std::optional<Batch> batch = loader.next();
@@ -340,17 +369,23 @@ TrainSummary Trainer::run() {
     ++window_steps_;
     // No synchronisation per step: the device keeps its queue. The clock is
     // settled (device work waited for) wherever time is read.
-    train_seconds_ += seconds_since(start);
+    train_seconds_ += clock_->now_s() - start;
 
+    // Evaluation is not training time: the clock is settled before it and
+    // the next step's starts after it.
+    bool reached = false;
     if (batch_in_epoch_ == per_epoch) {
       settle_clock();
       if (test_ != nullptr) {
-        test_accuracy_ = evaluate();
-        test_accuracy_step_ = step_;
+        reached = evaluate_now(TrainEvent::Kind::kEpochEnd);
+      } else {
+        emit(TrainEvent::Kind::kEpochEnd);
       }
-      emit(TrainEvent::Kind::kEpochEnd);
       ++epoch_;
       batch_in_epoch_ = 0;
+    } else if (options_.eval_every() > 0 && step_ % options_.eval_every() == 0) {
+      settle_clock();
+      reached = evaluate_now(TrainEvent::Kind::kEvaluation);
     }
     if (options_.log_every() > 0 && step_ % options_.log_every() == 0) {
       settle_clock();
@@ -372,15 +407,17 @@ TrainSummary Trainer::run() {
     const bool stop = data_parallel_.distributed()
                           ? data_parallel_.sum(interrupt_requested() ? 1 : 0) > 0
                           : interrupt_requested();
-    if (stop) break;
+    if (stop || reached) break;
   }
   settle_clock();
-  const bool complete = step_ >= total_steps_;
+  const bool complete = step_ >= total_steps_ || reached_.has_value();
   if (last_loss_tensor_.defined()) last_loss_ = last_loss_tensor_.item<double>();
   // An interrupted run skips the final evaluation: the user asked to stop.
   if (complete && test_ != nullptr && test_accuracy_step_ != step_) {
     test_accuracy_ = evaluate();
     test_accuracy_step_ = step_;
+    const auto& target = options_.target_accuracy();
+    if (target && *test_accuracy_ >= *target) reached_ = Reached{step_, train_seconds_, samples_};
   }
   TrainSummary s;
   s.steps = step_;
@@ -405,6 +442,15 @@ TrainSummary Trainer::run() {
   }
   s.noise_scale = training_step_.noise_scale().noise_scale();
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
+  if (options_.target_accuracy()) {
+    s.target = TrainTarget{"test_accuracy", *options_.target_accuracy()};
+    s.target_reached = reached_.has_value();
+    if (reached_) {
+      s.steps_to_target = reached_->step;
+      s.seconds_to_target = reached_->train_seconds;
+      s.samples_to_target = reached_->samples;
+    }
+  }
   // The last checkpoint carries the summary of a finished run (see load_checkpoint).
   if (!options_.checkpoint_dir().empty()) {
     save_checkpoint(complete ? std::optional<TrainSummary>(s) : std::nullopt);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "batchtune/data/text.h"
@@ -32,6 +33,24 @@ struct TokenTrainOptions {
   /// micro-batch, each padded to `pad_to` tokens; 0 for the token budget.
   TORCH_ARG(int64_t, fixed_batch_size) = 0;
   TORCH_ARG(int64_t, pad_to) = 0;
+  /// Stop as soon as the mean training loss over the last `loss_window`
+  /// optimizer steps is at or below this; nullopt trains the steps or
+  /// epochs out.
+  TORCH_ARG(std::optional<double>, target_loss) = std::nullopt;
+  /// Optimizer steps in the moving mean `target_loss` is checked against: a
+  /// few, so that one lucky batch does not end the run.
+  TORCH_ARG(int64_t, loss_window) = 10;
+  /// The clock training time is read from (a fake in tests); null for the
+  /// steady clock.
+ public:
+  TokenTrainOptions& clock(const Clock* value) {
+    clock_ = value;
+    return *this;
+  }
+  const Clock* clock() const { return clock_; }
+
+ private:
+  const Clock* clock_ = nullptr;
 };
 
 /// Trains a sequence model by a token budget: each epoch the
@@ -43,7 +62,9 @@ struct TokenTrainOptions {
 /// (padding is `kIgnoreTarget`) weighted by its share of the step's real
 /// tokens. On an out-of-memory the budget is halved and the micro-batches
 /// of the step split in two, so the same samples and tokens make the same
-/// step; later micro-batches follow the smaller budget. Throws
+/// step; later micro-batches follow the smaller budget. With `target_loss`
+/// it stops once the moving mean loss reaches it (the summary's target
+/// fields say where). Throws
 /// `batchtune::Error` when a single sample does not fit.
 ///
 /// Example:

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/common/clock.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/plan/plan.h"
@@ -43,6 +44,19 @@ struct TrainOptions {
   TORCH_ARG(int64_t, eval_batch_size) = 0;
   /// Measure the gradient noise scale (see `NoiseScaleTracker::small_batch`).
   TORCH_ARG(bool, measure_noise_scale) = true;
+  /// Evaluate the test split every this many optimizer steps as well as at
+  /// each epoch's end; 0 for epoch ends only.
+  TORCH_ARG(int64_t, eval_every) = 0;
+  /// Stop as soon as an evaluation reaches this test accuracy, a fraction in
+  /// (0, 1]; needs a test split. nullopt trains the steps or epochs out.
+  TORCH_ARG(std::optional<double>, target_accuracy) = std::nullopt;
+};
+
+/// A goal that ends training early: `metric` reaching `value`.
+struct TrainTarget {
+  /// "test_accuracy" (reached at or above `value`) or "train_loss" (at or below).
+  std::string metric;
+  double value = 0;
 };
 
 /// What the training loop reports as it goes. Plain data: a console
@@ -52,6 +66,8 @@ struct TrainEvent {
     kProgress,     ///< for a progress bar, every `progress_interval_s`
     kLog,          ///< every `log_every` steps
     kEpochEnd,     ///< an epoch finished; `test_accuracy` set with a test split
+    kEvaluation,   ///< an `eval_every` evaluation between epoch ends; `test_accuracy` set
+    kTargetReached,  ///< the target was reached: training stops; `message` says so
     kOomRecovery,  ///< out of memory: the micro-batch was halved; `message` says so
     kCheckpoint,   ///< a checkpoint was written; `message` names it
     kResumed,      ///< the run continues from a checkpoint
@@ -123,6 +139,16 @@ struct TrainSummary {
   /// True when `--resume` found the run already finished: nothing was
   /// trained, and this is the summary its last checkpoint saved.
   bool already_finished = false;
+  /// The target that could end the run early; nullopt without one.
+  std::optional<TrainTarget> target;
+  /// True when the run stopped at `target` (then `complete` too).
+  bool target_reached = false;
+  /// Where the target was reached (nullopt without a target or when not
+  /// reached): optimizer steps and samples, resumed ones included, and the
+  /// training seconds of this run, evaluation excluded, as `seconds`.
+  std::optional<int64_t> steps_to_target;
+  std::optional<double> seconds_to_target;
+  std::optional<int64_t> samples_to_target;
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -132,7 +158,8 @@ constexpr const char* kCheckpointFile = "checkpoint.pt";
 /// accumulated into one optimizer step per logical batch, the loss of each
 /// divided by its share of the batch, the LR schedule per optimizer step,
 /// autocast and the loss scaler per `plan.amp`), evaluates on `test` at each
-/// epoch's end, recovers from out-of-memory by halving the micro-batch (the
+/// epoch's end (and every `eval_every` steps), stops at `target_accuracy`
+/// when an evaluation reaches it, recovers from out-of-memory by halving the micro-batch (the
 /// logical batch, LR and samples stay the same) and writes checkpoints.
 ///
 /// Example:
@@ -153,6 +180,9 @@ class Trainer {
   /// Called before each optimizer step with the steps done so far (tests
   /// use it to squeeze the memory budget mid-run).
   void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
+  /// The clock training time is read from (tests give a fake one); it must
+  /// outlive the run.
+  void set_clock(const Clock& clock) { clock_ = &clock; }
 
   /// Trains data-parallel with the other ranks of `communicator` (which
   /// must outlive the run); the plan's world_size must be its world size.
@@ -183,6 +213,9 @@ class Trainer {
   /// Waits for queued device work and counts the wait as training time.
   void settle_clock();
   double evaluate();
+  /// Evaluates the test split at this step, unless done already; true when
+  /// the evaluation reached the target accuracy (recorded in `reached_`).
+  bool evaluate_now(TrainEvent::Kind kind);
   /// Writes the checkpoint (see checkpoint.h); `summary` when the run is finished.
   void save_checkpoint(const std::optional<TrainSummary>& summary = std::nullopt);
   /// Reads the checkpoint when there is one (sets `loaded_`); returns the
@@ -202,6 +235,7 @@ class Trainer {
   UtilizationSource utilization_;
   std::function<void(int64_t)> before_step_;
   DataParallel data_parallel_;
+  const Clock* clock_ = &steady_clock();
 
   // Position: optimizer steps done, the epoch and logical batch within it.
   int64_t step_ = 0;
@@ -215,6 +249,12 @@ class Trainer {
   double last_loss_ = 0;
   std::optional<double> test_accuracy_;
   int64_t test_accuracy_step_ = -1;
+  struct Reached {
+    int64_t step = 0;
+    double train_seconds = 0;
+    int64_t samples = 0;
+  };
+  std::optional<Reached> reached_;
   at::Tensor last_loss_tensor_;
   at::Tensor window_loss_;   // sum of logical-batch losses since the last log
   int64_t window_steps_ = 0;
