@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "batchtune/plan/plan.h"
 #include "cli_runner.h"
 
 namespace batchtune {
@@ -134,6 +135,24 @@ TEST(GoodputCli, TuneMeasuresTheNoiseScaleAndChoosesTheGlobalBatch) {
   }
   EXPECT_NE(r.output.find("noise scale"), std::string::npos) << r.output;
   EXPECT_NE(json.at("reason").get<std::string>().find("goodput:"), std::string::npos);
+}
+
+TEST(GoodputCli, TheDefaultObjectiveIsGoodputOnImagesAndThroughputWithATargetBatch) {
+  const std::string tune =
+      "tune --data fashion-mnist --model mlp --device cpu --amp off --max-batch 8 "
+      "--noise-steps 10 --memory-limit 256MiB --time-budget 10 --json - ";
+  const auto goodput = testing::run_cli(tune);
+  ASSERT_EQ(goodput.exit_code, 0) << goodput.output;
+  const auto g = nlohmann::json::parse(goodput.output.substr(goodput.output.find("\n{") + 1));
+  EXPECT_EQ(g.at("objective"), "goodput");
+  EXPECT_EQ(g.at("goodput_base_batch"), kDefaultBaseBatch) << "the batch the default lr is for";
+  // A global batch asked for leaves goodput nothing to choose.
+  const auto throughput = testing::run_cli(tune + "--target-batch 64");
+  ASSERT_EQ(throughput.exit_code, 0) << throughput.output;
+  const auto t =
+      nlohmann::json::parse(throughput.output.substr(throughput.output.find("\n{") + 1));
+  EXPECT_EQ(t.at("objective"), "throughput");
+  EXPECT_EQ(t.at("plan").at("global_batch_size"), 64);
 }
 
 TEST(GoodputCli, TargetBatchConflictsWithGoodput) {

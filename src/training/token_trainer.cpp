@@ -249,7 +249,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   summary.tokens_per_s =
       summary.seconds > 0 ? static_cast<double>(summary.tokens) / summary.seconds : 0;
   summary.token_budget = fixed ? 0 : budget;
-  summary.target_tokens = fixed ? 0 : target_tokens;
+  summary.target_tokens = target_tokens;  // fixed batches accumulate to one batch's padded tokens too
   summary.micro_batch_size = fixed ? options.fixed_batch_size() : plan.micro_batch_size;
   summary.accumulation_steps = 1;
   summary.global_batch_size = summary.steps > 0 ? summary.samples / summary.steps : 0;

@@ -125,8 +125,10 @@ struct TrainSummary {
   /// (smaller after an out-of-memory); 0 otherwise.
   int64_t padded_tokens = 0;
   int64_t token_budget = 0;
-  /// Token-budget runs: the real tokens an optimizer step gathers at least
-  /// (`--target-tokens`), and the micro-batches run in all; 0 otherwise.
+  /// Text runs (by a token budget or fixed batches): the real tokens an
+  /// optimizer step gathers at least (`--target-tokens`, default one
+  /// micro-batch's padded tokens), and the micro-batches run in all; 0
+  /// otherwise.
   int64_t target_tokens = 0;
   int64_t micro_batches = 0;
   double data_wait_fraction = 0;   ///< share of `seconds` spent waiting for batches
