@@ -4,6 +4,8 @@
 
 #include <poll.h>
 #include <signal.h>
+
+#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +49,10 @@ inline CliResult run_cli_and_signal(const std::string& args, const std::string& 
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
     close(fds[1]);
+    // The CLI as a terminal starts it: whatever the test runner inherited
+    // (a background job of a script runs with SIGINT ignored, and an ignored
+    // signal stays ignored across exec and in the CLI).
+    for (const int caught : {SIGINT, SIGTERM, SIGHUP}) std::signal(caught, SIG_DFL);
     const std::string command = std::string(BATCHTUNE_CLI_PATH) + " " + args;
     execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
     _exit(127);

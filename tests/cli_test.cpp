@@ -230,6 +230,12 @@ TEST(Cli, VersionMistypedFlagsAndProbesOldWarmupSpelling) {
   EXPECT_EQ(version.exit_code, 0) << version.output;
   EXPECT_EQ(version.output.rfind("batchtune ", 0), 0U) << version.output;
   EXPECT_NE(version.output.find("LibTorch"), std::string::npos) << version.output;
+  const auto command = run_cli("tnue --model mlp");
+  EXPECT_EQ(command.exit_code, 2) << command.output;
+  EXPECT_NE(command.output.find("did you mean tune?"), std::string::npos) << command.output;
+  for (const char* help : {"tune --help", "train --help"}) {
+    EXPECT_NE(run_cli(help).output.find("text:DIR"), std::string::npos) << help;
+  }
   const auto typo = run_cli("probe --batch-size 2 --warmpu-steps 1");
   EXPECT_EQ(typo.exit_code, 2) << typo.output;
   EXPECT_NE(typo.output.find("did you mean --warmup-steps?"), std::string::npos) << typo.output;

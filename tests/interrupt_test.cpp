@@ -17,12 +17,31 @@ namespace {
 using testing::run_cli;
 using testing::run_cli_and_signal;
 
+/// The signals at their defaults while in scope, as a terminal starts a
+/// program, whatever the test runner inherited (a background job of a
+/// script has SIGINT ignored).
+class DefaultSignals {
+ public:
+  DefaultSignals() {
+    for (const int s : kSignals) previous_[index(s)] = std::signal(s, SIG_DFL);
+  }
+  ~DefaultSignals() {
+    for (const int s : kSignals) std::signal(s, previous_[index(s)]);
+  }
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  static int index(int s) { return s == SIGINT ? 0 : s == SIGTERM ? 1 : 2; }
+  void (*previous_[3])(int) = {};
+};
+
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
 }
 
 TEST(InterruptHandler, TheFirstSignalOnlyAsksToStop) {
+  DefaultSignals defaults;
   InterruptHandler interrupts;
   EXPECT_FALSE(interrupt_requested());
   std::raise(SIGTERM);
@@ -34,6 +53,7 @@ TEST(InterruptHandler, TheFirstSignalOnlyAsksToStop) {
 }
 
 TEST(InterruptHandler, SighupIsAStopRequestToo) {
+  DefaultSignals defaults;
   InterruptHandler interrupts;
   std::raise(SIGHUP);  // the terminal closed: not the end of the process
   EXPECT_TRUE(interrupt_requested());
@@ -52,7 +72,25 @@ TEST(InterruptHandler, ANewHandlerClearsTheOldRequest) {
   EXPECT_NO_THROW(throw_if_interrupted());
 }
 
+TEST(InterruptHandler, ASignalInheritedAsIgnoredStaysIgnored) {
+  // `nohup batchtune tune ...` (SIGHUP) or a script's background job
+  // (SIGINT): the user asked not to be stopped by them.
+  DefaultSignals defaults;
+  std::signal(SIGHUP, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  {
+    InterruptHandler interrupts;
+    std::raise(SIGHUP);
+    std::raise(SIGINT);
+    EXPECT_FALSE(interrupt_requested());
+    std::raise(SIGTERM);  // not ignored: still a stop request
+    EXPECT_EQ(interrupt_signal(), SIGTERM);
+  }
+  EXPECT_EQ(std::signal(SIGHUP, SIG_DFL), SIG_IGN) << "put back as it was";
+}
+
 TEST(InterruptHandler, ASecondSignalEndsTheProcessAtOnce) {
+  DefaultSignals defaults;
   const pid_t pid = fork();
   if (pid == 0) {
     InterruptHandler interrupts;

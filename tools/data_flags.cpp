@@ -13,8 +13,9 @@ constexpr int64_t kDefaultDataClasses = 10;
 
 void add_data_flags(CLI::App& app, DataFlags& flags) {
   app.add_option("--data", flags.data,
-                 "synthetic, fashion-mnist[:DIR] or imagefolder:DIR (one sub-folder per class, "
-                 "JPEG/PNG, made to --input's CxHxW)")
+                 "synthetic, fashion-mnist[:DIR], imagefolder:DIR (one sub-folder per class, "
+                 "JPEG/PNG, made to --input's CxHxW) or text:DIR (text files, a paragraph a "
+                 "sample of byte tokens, for gpt)")
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", flags.skip_bad_samples,
                "skip unreadable image files with a warning (counted) instead of stopping");

@@ -111,7 +111,18 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-' &&
       std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const CommandEntry& c) { return std::string(argv[1]) == c.name; })) {
-    std::cerr << "batchtune: unknown command '" << argv[1] << "'; see batchtune --help\n";
+    std::string best;
+    size_t best_distance = kMaxSuggestionDistance + 1;
+    for (const auto& c : kCommands) {
+      const size_t d = edit_distance(argv[1], c.name);
+      if (d < best_distance) {
+        best_distance = d;
+        best = c.name;
+      }
+    }
+    std::cerr << "batchtune: unknown command '" << argv[1] << "'"
+              << (best.empty() ? std::string() : fmt::format(" (did you mean {}?)", best))
+              << "; see batchtune --help\n";
     return kExitBadInput;
   }
   try {

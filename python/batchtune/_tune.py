@@ -240,7 +240,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          make_batch: MakeBatch, device: Union[str, torch.device, None] = None, amp: str = "auto",
          objective: str = "throughput", target_batch: Optional[int] = None,
          memory_limit: MemoryLimit = None, margin: float = 0.1, time_budget: float = 120,
-         report: Optional[str] = "tune.html", *, strategy: str = "predict",
+         report: Optional[str] = None, *, strategy: str = "predict",
          max_batch: int = 8192, tolerance: float = 0.02, search_tolerance: float = 0.02,
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,

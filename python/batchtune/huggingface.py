@@ -110,7 +110,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                        data_collator: Optional[Callable] = None,
                        target_batch: Optional[int] = None, objective: str = "throughput",
                        amp: str = "auto", memory_limit=None, margin: float = 0.1,
-                       time_budget: float = 120, report: Optional[str] = "tune.html",
+                       time_budget: float = 120, report: Optional[str] = None,
                        return_result: bool = False, quiet: bool = False,
                        **tune_kwargs: Any) -> Union["transformers.TrainingArguments",
                                                     Tuple["transformers.TrainingArguments", TuneResult]]:
@@ -229,7 +229,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                      base_batch=configured, optimizer=kind, lr_scaling=lr_scaling,
                      warmup_steps=warmup, amp=plan_amp, multiple_of=kwargs.get("multiple_of", 1),
                      speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
-                     tolerance=kwargs.get("tolerance", 0.02))
+                     tolerance=kwargs.get("tolerance", _core.DEFAULT_TOLERANCE))
     head = [f"micro-batch {chosen}: {result.reason}"]
     if result.plan is not None:
         plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]

@@ -132,7 +132,7 @@ class BatchTune(Callback):
        ratios, with a linear warm-up (a step-wise LambdaLR) when the plan has
        one — or, when `configure_optimizers` returned a scheduler, says the
        plan's lr and leaves the scheduler's;
-    4. logs what it chose and why, and writes the report (rank 0).
+    4. logs what it chose and why, and writes the report where `report` names a file (rank 0).
 
     Args:
         objective, margin, time_budget, report, memory_limit: as
@@ -158,7 +158,7 @@ class BatchTune(Callback):
 
     def __init__(self, *, objective: str = "throughput", amp: Optional[str] = None,
                  target_batch: Optional[int] = None, margin: float = 0.1,
-                 time_budget: float = 120, report: Optional[str] = "tune.html",
+                 time_budget: float = 120, report: Optional[str] = None,
                  memory_limit=None, batch_arg_name: str = "batch_size", scale_lr: bool = True,
                  base_lr: Optional[float] = None, base_batch: Optional[int] = None,
                  **tune_kwargs: Any):
@@ -322,7 +322,7 @@ class BatchTune(Callback):
                              amp=result.plan.amp if result.plan is not None else amp,
                              multiple_of=kwargs.get("multiple_of", 1),
                              speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
-                             tolerance=kwargs.get("tolerance", 0.02))
+                             tolerance=kwargs.get("tolerance", _core.DEFAULT_TOLERANCE))
             head = [f"micro-batch {job}: {result.reason}"]
             if world > 1:
                 head.append(f"micro-batch {job}: the smallest of the {world} ranks' choices "

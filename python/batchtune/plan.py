@@ -106,7 +106,8 @@ class Plan:
              lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
              amp: str = "off", workers: int = 0, pin_memory: bool = False,
              prefetch: int = 2, multiple_of: int = 1,
-             speeds: Sequence[Tuple[int, float]] = (), tolerance: float = 0.02) -> "Plan":
+             speeds: Sequence[Tuple[int, float]] = (),
+             tolerance: float = _core.DEFAULT_TOLERANCE) -> "Plan":
         """A plan from a micro-batch, as `batchtune plan` makes it (the C++
         `make_plan`): `target_batch` reached exactly where a micro-batch up to
         this one divides it (within `tolerance` of its speed, read from

@@ -230,6 +230,7 @@ void bind_search(py::module_& m) {
       py::arg("time_budget_s") = kDefaultTimeBudgetSeconds,
       py::arg("tolerance") = kDefaultSearchTolerance, py::arg("on_trial") = nullptr);
   m.attr("DEFAULT_MAX_BATCH") = kDefaultMaxBatch;
+  m.attr("DEFAULT_TOLERANCE") = kDefaultThroughputTolerance;
 
   py::class_<SweepRow>(m, "SweepRow")
       .def(py::init<>())

@@ -26,6 +26,15 @@ void on_signal(int signal) {
   }
 }
 
+/// Catches `signal` unless it was inherited as ignored (`nohup`, a
+/// background job of a script, which a shell runs with SIGINT ignored): an
+/// ignored signal stays ignored. `previous` keeps what to restore.
+void catch_unless_ignored(int signal, const struct sigaction& action,
+                          struct sigaction* previous) {
+  sigaction(signal, nullptr, previous);
+  if (previous->sa_handler != SIG_IGN) sigaction(signal, &action, nullptr);
+}
+
 }  // namespace
 
 InterruptHandler::InterruptHandler() {
@@ -34,10 +43,10 @@ InterruptHandler::InterruptHandler() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   // No SA_RESTART: a blocking read or sleep returns early with EINTR.
-  sigaction(SIGINT, &action, &previous_int);
-  sigaction(SIGTERM, &action, &previous_term);
+  catch_unless_ignored(SIGINT, action, &previous_int);
+  catch_unless_ignored(SIGTERM, action, &previous_term);
   // The terminal closed or the ssh connection dropped: the same request.
-  sigaction(SIGHUP, &action, &previous_hup);
+  catch_unless_ignored(SIGHUP, action, &previous_hup);
 }
 
 InterruptHandler::~InterruptHandler() {

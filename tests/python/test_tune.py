@@ -242,3 +242,13 @@ def test_tune_without_base_batch_warns_that_the_lr_is_not_scaled():
                        base_batch=32)
     assert not r.plan.warnings
     assert r.plan.lr == pytest.approx(0.1 * r.plan.global_batch_size / 32)
+
+
+def test_tune_writes_no_report_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch(), memory_limit="64MiB",
+                       max_batch=16, amp="off", time_budget=5, base_batch=16)  # no report=
+    assert r.report is None
+    assert list(tmp_path.iterdir()) == []
