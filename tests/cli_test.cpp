@@ -44,6 +44,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size 4 --optimizer lbfgs", "--optimizer"},
         BadInput{"probe --batch-size 4 --margin 1.5", "--margin"},
         BadInput{"probe --batch-size 4 --classes 1", "--classes"},
+        BadInput{"probe --batch-size 4 --classes 0", "--classes"},
+        BadInput{"probe --batch-size 2 --model gpt --vocab 0", "--vocab"},
         BadInput{"probe --batch-size 4 --threads -1", "--threads"},
         BadInput{"probe --batch-size 4 --lr -1", "--lr"},
         BadInput{"probe --batch-size abc", "--batch-size"},

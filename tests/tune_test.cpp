@@ -264,6 +264,10 @@ TEST(Tune, BadOptionsNameTheOption) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { tune(runner, TuneOptions().tolerance(2)); }).find("--tolerance"),
             std::string::npos);
+  EXPECT_NE(testing::error_of([&] {
+              tune(runner, TuneOptions().noise_steps(int64_t{1} << 62));
+            }).find("--noise-steps: must be from 1 to"),
+            std::string::npos);
   PlanRequest bad;
   bad.target_batch = 0;
   EXPECT_NE(testing::error_of([&] { tune(runner, TuneOptions().plan(bad)); }).find("--target-batch"),

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "batchtune/common/atomic_file.h"
@@ -17,6 +18,23 @@
 #include "batchtune/plan/plan.h"
 
 namespace batchtune::cli {
+namespace {
+
+/// A count given on the command line is at least 1 (0 stands for the
+/// default inside, never for a count asked for).
+CLI::Validator at_least_one() {
+  return CLI::Validator(
+      [](std::string& value) {
+        char* end = nullptr;
+        const long long n = std::strtoll(value.c_str(), &end, 10);
+        // Not a number: the option's own conversion says so.
+        if (end == value.c_str() || *end != '\0' || n >= 1) return std::string();
+        return fmt::format("must be at least 1, got {}", value);
+      },
+      "N>=1");
+}
+
+}  // namespace
 
 void add_workload_flags(CLI::App& app, WorkloadFlags& flags) {
   app.add_option("--model", flags.model,
@@ -29,11 +47,14 @@ void add_workload_flags(CLI::App& app, WorkloadFlags& flags) {
       "float16:3x224x224, bfloat16:..., int64:128 (token ids, longest sequence); repeat for "
       "more inputs (default 3x64x64, int64:64 for gpt)");
   input->take_all();
+  // 0 inside stands for the default; given, a count of none is a mistake.
   auto* vocab = app.add_option("--vocab", flags.vocab,
-                               "vocabulary of int64 token-id inputs (gpt default: 256)");
+                               "vocabulary of int64 token-id inputs (gpt default: 256)")
+                    ->check(at_least_one());
   auto* classes = app.add_option(
-      "--classes", flags.classes,
-      "number of classes (default 10, or the vocabulary for per-token targets)");
+                         "--classes", flags.classes,
+                         "number of classes (default 10, or the vocabulary for per-token targets)")
+                      ->check(at_least_one());
   auto* target = app.add_option(
       "--target", flags.target,
       "class, token (one class per token), float:SHAPE (regression), none, or auto (token "

@@ -693,8 +693,9 @@ void validate(const TuneOptions& options) {
     throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
                             options.eta()));
   }
-  if (options.noise_steps() < 1) {
-    throw Error(fmt::format("--noise-steps: must be at least 1, got {}", options.noise_steps()));
+  if (options.noise_steps() < 1 || options.noise_steps() > kMaxNoiseRunSteps) {
+    throw Error(fmt::format("--noise-steps: must be from 1 to {}, got {}", kMaxNoiseRunSteps,
+                            options.noise_steps()));
   }
   if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
     throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "

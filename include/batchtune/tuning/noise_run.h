@@ -26,6 +26,8 @@ struct NoiseScaleMeasurement {
 /// Optimizer steps of the measuring run of `tune --objective goodput`: a few
 /// EMA windows, so that the first noisy measurements have faded.
 constexpr int64_t kDefaultNoiseRunSteps = 60;
+/// More steps than this is a typo: the run is a measurement, not training.
+constexpr int64_t kMaxNoiseRunSteps = 100000;
 /// Micro-batches per logical batch in the measuring run: the two batch sizes
 /// differ by this factor, far enough apart that |G_small|² − |G_big|² is not
 /// lost in rounding, near enough that the run stays short.
