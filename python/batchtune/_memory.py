@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator, Optional, Union
+from typing import Dict, Iterator, Optional, Union
 
 import torch
 
@@ -18,7 +18,16 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
     """`None`/"auto": CUDA device 0 when there is one, else the CPU."""
     if device is None or (isinstance(device, str) and device == "auto"):
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device: give 'cpu', 'cuda', 'cuda:N', a torch.device or None, got {device!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise _core.Error(f"device: {device!r} is not a device; use cpu, cuda or cuda:N "
+                          "(or None: CUDA when there is one, else the CPU)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise _core.Error(f"device: {device} asked for, but this machine has no usable CUDA "
+                          "device; use cpu (or None: CUDA when there is one)")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     if device.type not in ("cpu", "cuda"):
@@ -36,16 +45,25 @@ def parse_limit(limit: MemoryLimit) -> Optional[int]:
         return _core.parse_size(limit, "memory_limit")
     if limit < 1:
         raise _core.Error(f"memory_limit: must be at least 1 byte, got {limit}")
-    return int(limit)
+    # The CLI's reading of the same number (2**63 - 1 and above are too large).
+    return _core.parse_size(str(int(limit)), "memory_limit")
 
 
 # The CLI flags whose Python argument has another name.
 _RENAMED_FLAGS = {"--warmup": "warmup_steps"}
 
 
-def python_text(text: str) -> str:
+def python_text(text: str, said: Optional[Dict[str, str]] = None) -> str:
     """The C++ core's text (an error, a plan reason) with its CLI flags
-    (`--memory-limit`) named as the Python arguments (`memory_limit`)."""
+    (`--memory-limit`) named as the Python arguments (`memory_limit`).
+
+    `said` maps a flag to the words for where its value came from when the
+    caller did not give it (`{"--base-lr": "the optimizer's lr"}`): "as asked
+    with --amp", "(--base-lr)" and "--base-lr 0.1" say those words instead."""
+    for flag, words in (said or {}).items():
+        text = text.replace(f"as asked with {flag}", words)
+        text = text.replace(f"({flag})", f"({words})")
+        text = re.sub(rf"(?<![\w-]){re.escape(flag)}(?= [0-9.])", lambda _m: words, text)
     text = re.sub(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)",
                   lambda m: _RENAMED_FLAGS.get(m.group(0), m.group(1).replace("-", "_")), text)
     return text.replace("give a larger limit", "give a larger memory_limit")
@@ -56,9 +74,22 @@ def python_names(error: Exception) -> Exception:
     return type(error)(python_text(str(error)))
 
 
+def installed_limit() -> Optional[int]:
+    """The CPU budget an enclosing `emulated_memory` block set, or None."""
+    if not _core.budget_installed():
+        return None
+    budget = _core.budget_get()
+    return None if budget == _core.UNLIMITED else budget
+
+
 def device_memory(device: torch.device, limit: MemoryLimit) -> "_core.DeviceMemory":
+    """`device`'s memory with `limit`; on the CPU no limit inside an
+    `emulated_memory` block is the block's budget (not half the RAM)."""
     try:
-        return _core.make_device_memory(str(device), parse_limit(limit))
+        limit = parse_limit(limit)
+        if limit is None and device.type == "cpu":
+            limit = installed_limit()
+        return _core.make_device_memory(str(device), limit)
     except _core.Error as e:
         raise python_names(e) from None
 

@@ -3,32 +3,69 @@ and loss under autocast, backward (scaled for fp16), optimizer step."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
+
+from . import _core
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def batch_size_of(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
+def _leading_sizes(batch: Any, where: str = "batch") -> Iterator[Tuple[str, int]]:
+    """(where, leading dimension) of every tensor in `batch` that has one; a
+    0-dim tensor (a per-batch constant, a temperature) has none."""
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
-    if isinstance(batch, dict):
-        for v in batch.values():
-            return batch_size_of(v)
-    if isinstance(batch, (list, tuple)):
-        for v in batch:
-            return batch_size_of(v)
-    raise TypeError(f"a batch must be a tensor, a tuple/list or a dict of them, got {type(batch).__name__}")
+        if batch.dim() > 0:
+            yield where, batch.shape[0]
+    elif isinstance(batch, dict):
+        for k, v in batch.items():
+            yield from _leading_sizes(v, f"{where}[{k!r}]")
+    elif isinstance(batch, (list, tuple)):
+        for i, v in enumerate(batch):
+            yield from _leading_sizes(v, f"{where}[{i}]")
+
+
+def batch_size_of(batch: Any) -> int:
+    """Samples in a batch: the leading dimension its tensors share (0-dim
+    tensors aside); a batch whose tensors disagree raises `ValueError`."""
+    if not isinstance(batch, (torch.Tensor, dict, list, tuple)):
+        raise TypeError(f"batch: must be a tensor, a tuple/list or a dict of them, got "
+                        f"{type(batch).__name__}")
+    sizes = list(_leading_sizes(batch))
+    if not sizes:
+        raise TypeError("batch: has no tensor with a batch dimension (only 0-dim tensors or "
+                        "other values); give the samples as tensors whose first dimension is the batch")
+    first_where, n = sizes[0]
+    for where, size in sizes[1:]:
+        if size != n:
+            raise ValueError(f"batch: {first_where} has {n} samples but {where} has {size}; every "
+                             "tensor of a batch must have the batch as its first dimension")
+    return n
+
+
+def check_batch(batch: Any, n: int, source: str = "make_batch") -> None:
+    """Refuses a batch from `source(n)` that does not hold n samples: the
+    leading dimension of every tensor in it (0-dim tensors aside) must be n,
+    or a trial would measure another batch than it reports."""
+    sizes = list(_leading_sizes(batch))
+    if not sizes:
+        raise TypeError(f"{source}: {source}({n}) returned {type(batch).__name__} with no tensor "
+                        "of a batch dimension; return a tensor, a tuple/list or a dict of tensors "
+                        "whose first dimension is n")
+    for where, size in sizes:
+        if size != n:
+            raise _core.Error(f"{source}: {source}({n}) returned {size} samples in {where} (its "
+                              f"first dimension); it must return exactly n samples in every tensor")
 
 
 def slice_batch(batch: Any, begin: int, end: int) -> Any:
-    """Samples [begin, end) of every tensor in `batch` (views)."""
+    """Samples [begin, end) of every tensor in `batch` (views); a 0-dim tensor
+    is the whole batch's and stays as it is."""
     if isinstance(batch, torch.Tensor):
-        return batch[begin:end]
+        return batch[begin:end] if batch.dim() > 0 else batch
     if isinstance(batch, dict):
         return type(batch)((k, slice_batch(v, begin, end)) for k, v in batch.items())
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
@@ -60,7 +97,10 @@ class TrainStep:
                  device: torch.device, amp: str = "off",
                  scaler: Optional["torch.amp.GradScaler"] = None):
         if amp not in ("off", "bf16", "fp16"):
-            raise ValueError(f"amp: '{amp}' is not one of off, bf16, fp16")
+            raise _core.Error(f"amp: '{amp}' is not one of off, bf16, fp16")
+        if amp == "fp16" and torch.device(device).type == "cpu":
+            # As `batchtune train --amp fp16` on the CPU: LibTorch has no CPU fp16 autocast.
+            raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn

@@ -13,7 +13,7 @@ import torch
 from . import _core
 from ._memory import python_names
 from ._snapshot import TrainingSnapshot
-from ._step import LossFn, TrainStep, to_device
+from ._step import LossFn, TrainStep, check_batch, to_device
 
 MakeBatch = Callable[[int], Any]
 
@@ -43,7 +43,11 @@ class Subject(_core.TrialSubject):
 
     def prepare(self, batch_size: int) -> None:
         self.batch = None
-        self.batch = to_device(self.make_batch(int(batch_size)), self.device)
+        n = int(batch_size)
+        batch = self.make_batch(n)
+        # A batch of another size would be measured as n samples.
+        check_batch(batch, n)
+        self.batch = to_device(batch, self.device)
 
     def step(self) -> torch.Tensor:
         if not self.forward_only:

@@ -8,18 +8,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import sys
+import threading
 import time
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from . import _core, _distributed
+from . import _checks, _core, _distributed
 from ._memory import (MemoryLimit, device_memory, python_names, python_text, resolve_device,
                       restored_budget, uncounted_bytes)
 from ._step import LossFn
 from ._trial import MakeBatch, Runner, Subject
-from .plan import Plan, optimizer_kind
+from .plan import Plan, optimizer_kind, reference_lr
 
 def env() -> Dict[str, Any]:
     """What the machine has, as `batchtune env --json`: `torch_version`,
@@ -69,11 +71,16 @@ class ProbeResult:
     samples_per_s_ci: Optional[Tuple[float, float]] = None
     noisy: bool = False
     noise_cause: Optional[str] = None
+    amp: str = "off"
+    """The precision the trial ran at (`probe`'s `amp`, "auto" resolved)."""
+    amp_reason: Optional[str] = None
+    """Why that precision: as asked, the GPU's capability, or measured."""
     _json: str = dataclasses.field(repr=False, default="{}")
 
     @classmethod
-    def _from_core(cls, t: "_core.TrialResult") -> "ProbeResult":
-        return cls(batch_size=t.batch_size, fits=t.fits, peak_bytes=t.peak_bytes,
+    def _from_core(cls, t: "_core.TrialResult", amp: str = "off",
+                   amp_reason: Optional[str] = None) -> "ProbeResult":
+        return cls(amp=amp, amp_reason=amp_reason, batch_size=t.batch_size, fits=t.fits, peak_bytes=t.peak_bytes,
                    capacity_bytes=t.capacity_bytes, usable_bytes=t.usable_bytes,
                    margin=t.margin, steps=t.steps_run, step_ms=t.step_ms,
                    step_ms_spread=t.step_ms_spread, samples_per_s=t.samples_per_s, busy=t.busy,
@@ -147,6 +154,17 @@ class TuneResult:
         return json.dumps(self._json, **kwargs)
 
 
+def _python_document(value: Any, said: Dict[str, str]) -> Any:
+    """`value` (parsed JSON) with `python_text` applied to every string."""
+    if isinstance(value, str):
+        return python_text(value, said)
+    if isinstance(value, dict):
+        return {k: _python_document(v, said) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_python_document(v, said) for v in value]
+    return value
+
+
 def _check_callables(model, optimizer, loss_fn, make_batch) -> None:
     if not isinstance(model, torch.nn.Module):
         raise _core.Error(f"model: must be a torch.nn.Module, got {type(model).__name__}")
@@ -156,6 +174,71 @@ def _check_callables(model, optimizer, loss_fn, make_batch) -> None:
         raise _core.Error("loss_fn: must be callable as loss_fn(model, batch) -> scalar loss")
     if not callable(make_batch):
         raise _core.Error("make_batch: must be callable as make_batch(n) -> a batch of n samples")
+
+
+# One tune or probe at a time in a process: the CPU's emulated budget, the
+# CUDA allocator's statistics and the random generators a trial restores are
+# the process's, so a second one running beside it would measure (and put
+# back) the first's.
+_RUNNING = threading.Lock()
+_running_in: Optional[str] = None
+
+
+@contextlib.contextmanager
+def _one_at_a_time(what: str) -> Iterator[None]:
+    global _running_in
+    if not _RUNNING.acquire(blocking=False):
+        raise RuntimeError(
+            f"batchtune.{what}: another tune or probe is running in this process (thread "
+            f"'{_running_in}'); the emulated memory budget, the device's memory statistics and the "
+            "random generators are the process's, so a second one would corrupt both: run them one "
+            "after the other, or in separate processes")
+    _running_in = threading.current_thread().name
+    try:
+        yield
+    finally:
+        _running_in = None
+        _RUNNING.release()
+
+
+class _PythonNamesStream:
+    """sys.stderr for the CLI console output of `verbose=True`: each line with
+    Python's argument names (`python_text`), written whole."""
+
+    def __init__(self, target, said: Dict[str, str]):
+        self.target = target
+        self.said = said
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.target.write(python_text(line, self.said) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close_line(self) -> None:
+        if self.pending:
+            self.target.write(python_text(self.pending, self.said))
+            self.pending = ""
+        self.target.flush()
+
+
+@contextlib.contextmanager
+def _python_stderr(on: bool, said: Dict[str, str]) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    stream = _PythonNamesStream(sys.stderr, said)
+    previous, sys.stderr = sys.stderr, stream
+    try:
+        yield
+    finally:
+        sys.stderr = previous
+        stream.close_line()
 
 
 def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -198,7 +281,7 @@ def _measured_device(device: torch.device, memory_limit: MemoryLimit, model, opt
 def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
           make_batch: MakeBatch, batch_size: int = 64, *, device: Union[str, torch.device, None] = None,
           memory_limit: MemoryLimit = None, margin: float = 0.1, steps: int = 3,
-          warmup_steps: int = 1, amp: str = "off",
+          warmup_steps: int = 1, amp: str = "auto",
           min_time: float = _core.SWEEP_MIN_TIMED_SECONDS) -> ProbeResult:
     """One trial: the real step (your forward and loss, backward, your
     optimizer's step) at `batch_size`; does it fit, how much memory at peak,
@@ -211,7 +294,12 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
         loss_fn: `loss_fn(model, batch)` runs your forward and returns the
             scalar loss.
         memory_limit: on the CPU the emulated device's size (bytes or "512MiB"),
-            default half the available RAM; on CUDA a cap below the device.
+            default the budget of an enclosing `emulated_memory` block, else
+            half the available RAM; on CUDA a cap below the device.
+        amp: "auto" (as `tune` and `batchtune probe`: on CUDA by capability,
+            on the CPU bf16 only when a measured step is 10 % faster), "off",
+            "bf16", "fp16" (CUDA only); the result's `amp` and `amp_reason`
+            say which ran and why.
         steps, min_time: timed steps at least, and seconds they fill at least
             (0: exactly `steps`), after warm-up steps until the step time
             settles: the interval `samples_per_s_ci` comes from them.
@@ -223,17 +311,51 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
         print(r.fits, r.peak_bytes, r.samples_per_s, r.error)
     """
     _check_callables(model, optimizer, loss_fn, make_batch)
+    batch_size = _checks.integer("batch_size", batch_size)
+    steps = _checks.integer("steps", steps, 1, _checks.MAX_PROBE_STEPS)
+    warmup_steps = _checks.integer("warmup_steps", warmup_steps, 0, _checks.MAX_PROBE_STEPS)
+    amp = _checks.choice("amp", amp, ("auto", "off", "bf16", "fp16"))
+    margin = _checks.number("margin", margin, "at least 0 and below 1")
+    min_time = _checks.number("min_time", min_time, "seconds, from 0 to 3600")
+    if not (0 <= min_time <= _checks.MAX_PROBE_SECONDS):
+        raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, got {min_time}")
     dev = resolve_device(device)
-    with _measured_device(dev, memory_limit, model, optimizer) as memory:
-        subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp)
-        runner = Runner(subject, memory, margin)
+    if amp == "fp16" and dev.type == "cpu":
+        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
+    with _one_at_a_time("probe"), _measured_device(dev, memory_limit, model, optimizer) as memory:
+        def runner_at(amp_mode: str) -> Runner:
+            return Runner(Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode), memory, margin)
+
+        amp, amp_reason = _probe_amp(amp, dev, runner_at, batch_size)
+        runner = runner_at(amp)
         # Calibrated as a sweep row is: warm-up until the step time settles,
         # then at least `steps` timed steps filling `min_time` seconds.
         t = runner.run(_core.TrialOptions(
             batch_size=batch_size, steps=steps, warmup_steps=warmup_steps,
             max_warmup_steps=max(warmup_steps, _core.SWEEP_MAX_WARMUP_STEPS) if min_time > 0 else 0,
             min_time_s=float(min_time)))
-    return ProbeResult._from_core(t)
+    return ProbeResult._from_core(t, amp, amp_reason)
+
+
+def _probe_amp(amp: str, dev: torch.device, runner_at, batch_size: int) -> Tuple[str, str]:
+    """The precision of a probe and why, as `batchtune probe` resolves it:
+    as asked; auto on CUDA by the GPU's capability, on the CPU by timing
+    bf16 against fp32 (the library's `measure_cpu_amp`)."""
+    if amp != "auto":
+        return amp, f"amp {amp}: as asked with amp"
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        mode, reason = _core.choose_cuda_amp(major, minor)
+        return mode, reason
+    fp32, bf16 = runner_at("off"), runner_at("bf16")
+    try:
+        mode, reason, _ = _core.measure_cpu_amp(
+            fp32._cpp, bf16._cpp, max_batch=min(batch_size, _core.AMP_PROBE_MAX_BATCH))
+    except _core.Error as e:
+        raise python_names(e) from None
+    finally:
+        fp32.subject.batch = bf16.subject.batch = None
+    return mode, python_text(reason)
 
 
 def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
@@ -245,7 +367,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
          multiple_of: Optional[int] = None, group: Optional[Any] = None,
-         verbose: bool = False) -> TuneResult:
+         verbose: bool = False, _said: Optional[Dict[str, str]] = None) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
     step, leaving no trace. It is the library's pipeline, the one `batchtune
@@ -293,19 +415,39 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         print(result.max_batch_size, result.chosen_batch_size, result.plan)
     """
     _check_callables(model, optimizer, loss_fn, make_batch)
-    if amp not in ("auto", "off", "bf16", "fp16"):
-        raise _core.Error(f"amp: '{amp}' is not one of auto, off, bf16, fp16")
+    amp = _checks.choice("amp", amp, ("auto", "off", "bf16", "fp16"))
     if objective not in ("throughput", "max-fit"):
         raise _core.Error(f"objective: '{objective}' from Python is throughput or max-fit "
                           "(goodput and energy: the CLI)")
+    margin = _checks.number("margin", margin, "at least 0 and below 1")
+    tolerance = _checks.number("tolerance", tolerance, "at least 0 and below 1")
+    search_tolerance = _checks.number("search_tolerance", search_tolerance, "at least 0 and below 1")
     if not (0 <= tolerance < 1):
         raise _core.Error(f"tolerance: must be at least 0 and below 1, got {tolerance}")
-    if target_batch is not None and target_batch < 1:
-        raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
+    target_batch = _checks.optional_integer("target_batch", target_batch)
+    time_budget = _checks.number("time_budget", time_budget, "positive seconds")
     if not (time_budget > 0):
         raise _core.Error(f"time_budget: must be positive seconds, got {time_budget}")
+    max_batch = _checks.integer("max_batch", max_batch)
+    base_batch = _checks.optional_integer("base_batch", base_batch)
+    multiple_of = _checks.optional_integer("multiple_of", multiple_of)
+    if warmup_steps is not None:
+        warmup_steps = _checks.integer("warmup_steps", warmup_steps, -_checks.MAX_PLAN_COUNT)
+        if warmup_steps < 0:
+            raise _core.Error(f"warmup_steps: must be 0 or more steps, got {warmup_steps}")
+    if base_lr is not None:
+        base_lr = _checks.number("base_lr", base_lr, "positive")
+    report = _checks.output_path("report", report)
     dev = resolve_device(device)
-    lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
+    # Where the values the caller left out came from, for the reasons.
+    said = dict(_said or {})
+    if base_lr is None:
+        said.setdefault("--base-lr", "the optimizer's lr")
+    lr = base_lr if base_lr is not None else reference_lr(
+        [float(g["lr"]) for g in optimizer.param_groups])
+    if not (lr > 0):
+        raise _core.Error("base_lr: every parameter group of the optimizer has lr 0; give base_lr "
+                          "(the lr the plan scales) or an optimizer with a positive lr")
     try:
         options = _core.TuneOptions(
             amp=amp, margin=margin, strategy=strategy, max_batch=max_batch, search_tolerance=search_tolerance,
@@ -319,7 +461,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     communicator = _distributed.communicator(group)
     started = time.perf_counter()
     written = None
-    with _measured_device(dev, memory_limit, model, optimizer) as memory:
+    with _one_at_a_time("tune"), _measured_device(dev, memory_limit, model, optimizer) as memory:
         # One runner per precision the pipeline measures or picks (amp auto
         # on the CPU times fp32 against bf16 inside the time budget).
         subjects = []
@@ -330,8 +472,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             return Runner(subject, memory, margin)._cpp
 
         try:
-            core = _core.tune(make_runner, memory, options, communicator=communicator,
-                              verbose=verbose, report=report or "", sweep=sweep)
+            with _python_stderr(verbose, said):
+                core = _core.tune(make_runner, memory, options, communicator=communicator,
+                                  verbose=verbose, report=report or "", sweep=sweep)
         except _core.Error as e:
             raise python_names(e) from None
         finally:
@@ -339,21 +482,19 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
                 subject.batch = None
         if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
             written = report
-    document = json.loads(core.to_json())
-    document["amp_reason"] = python_text(document["amp_reason"])
-    plan = Plan(**json.loads(core.plan_json)) if core.plan_json is not None else None
-    if plan is not None:
-        # Python's names for the flags, in the plan and in its JSON alike.
-        plan.reasons = [python_text(reason) for reason in plan.reasons]
-        plan.warnings = [python_text(warning) for warning in plan.warnings]
-        document["plan"]["reasons"] = list(plan.reasons)
-        document["plan"]["warnings"] = list(plan.warnings)
+    # Python's names for the flags, and where unasked values came from, in
+    # every text of the result: reasons, warnings, diagnosis, the JSON.
+    document = _python_document(json.loads(core.to_json()), said)
+    plan = None
+    if core.plan_json is not None:
+        plan = Plan(**_python_document(json.loads(core.plan_json), said))
         for warning in plan.warnings:
             warnings.warn(f"batchtune: {warning}", stacklevel=2)
     return TuneResult(
         max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
         plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],
         sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
-        reason=core.selection.reason, diagnosis=core.diagnosis.text,
+        reason=python_text(core.selection.reason, said),
+        diagnosis=python_text(core.diagnosis.text, said),
         seconds=time.perf_counter() - started, report=written,
         eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0, _json=document)

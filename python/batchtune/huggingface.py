@@ -206,13 +206,15 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         kwargs["max_batch"] = min(kwargs.get("max_batch", 8192), max(1, make_batch.size // world))
     lr_scaling = kwargs.get("lr_scaling")
     warmup = kwargs.get("warmup_steps")
+    # The base lr is the TrainingArguments', not a base_lr the caller gave.
+    said = {"--base-lr": "the TrainingArguments' learning_rate"}
     with _training_mode(model, device):
         optimizer = _optimizer(trainer, model, args)
         result = tune(model, optimizer, loss_fn, make_batch, device=device, amp=amp,
                       objective=objective, memory_limit=memory_limit, margin=margin,
                       time_budget=time_budget,
                       report=report if args.process_index == 0 else None,
-                      base_lr=args.learning_rate, base_batch=configured, **kwargs)
+                      base_lr=args.learning_rate, base_batch=configured, _said=said, **kwargs)
         kind = optimizer_kind(optimizer)
         del optimizer
     if not result.complete:
@@ -237,7 +239,8 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
     if result.eval_batch_size > 0:
         plan.eval_micro_batch_size = max(result.eval_batch_size, plan.micro_batch_size)
         head += [r for r in result.plan.reasons if r.startswith("eval batch")]
-    plan.reasons = [python_text(r) for r in head + plan.reasons]
+    plan.reasons = [python_text(r, said) for r in head + plan.reasons]
+    plan.warnings = [python_text(w, said) for w in plan.warnings]
 
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,

@@ -27,12 +27,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from . import _core
+from . import _checks, _core
 from ._fit import missing
 from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
-from .plan import Plan, optimizer_kind
+from .plan import Plan, group_lr_ratios, optimizer_kind, reference_lr
 
 try:
     import lightning.pytorch as pl
@@ -171,6 +171,8 @@ class BatchTune(Callback):
         for reserved in ("group", "device", "target_batch", "base_lr", "base_batch"):
             if reserved in tune_kwargs:
                 raise _core.Error(f"{reserved}: BatchTune sets it from the Trainer; leave it out")
+        # A report path that cannot be written fails now, not after the tune.
+        _checks.output_path("report", report)
         self.objective = objective
         self.amp = amp
         self.target_batch = target_batch
@@ -258,6 +260,12 @@ class BatchTune(Callback):
             raise _core.Error(f"configure_optimizers: BatchTune tunes with one optimizer, the "
                               f"Trainer has {len(optimizers)}")
         optimizer = optimizers[0]
+        if not optimizer.param_groups:
+            # Lightning's stand-in (`_MockOptimizer`) when configure_optimizers returned None.
+            raise _core.Error(
+                "configure_optimizers: returned no optimizer (None), so Lightning trains nothing and "
+                "there is no optimizer state to measure; return an optimizer (e.g. "
+                "torch.optim.AdamW(self.parameters())) to tune with BatchTune")
         world = trainer.world_size
         rank = trainer.global_rank
         device = pl_module.device
@@ -284,8 +292,14 @@ class BatchTune(Callback):
         amp = self.amp if self.amp is not None else trainer_amp(trainer)
         configured = int(lightning_getattr(pl_module, self.batch_arg_name))
         base_batch = self.base_batch or configured * trainer.accumulate_grad_batches * world
-        group = optimizer.param_groups[0]
-        base_lr = self.base_lr if self.base_lr is not None else float(group.get("initial_lr", group["lr"]))
+        base_lr = self.base_lr if self.base_lr is not None else reference_lr(
+            [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups])
+        # Where the values nobody passed came from, for the reasons.
+        said = {}
+        if self.amp is None:
+            said["--amp"] = f"the Trainer's precision '{trainer.precision}'"
+        if self.base_lr is None:
+            said["--base-lr"] = "the optimizer's lr"
         rank_zero_info(f"batchtune: tuning {type(pl_module).__name__}.training_step with "
                        f"{type(optimizer).__name__} on {device} ({world} rank(s)), batches from "
                        f"train_dataloader() heaviest first")
@@ -295,7 +309,7 @@ class BatchTune(Callback):
                           margin=self.margin, time_budget=self.time_budget,
                           report=self.report if rank == 0 else None,
                           base_lr=base_lr, base_batch=base_batch,
-                          group=self._local_group(trainer), **kwargs)
+                          group=self._local_group(trainer), _said=said, **kwargs)
         self.result = result
         if not result.complete:
             raise KeyboardInterrupt
@@ -330,7 +344,8 @@ class BatchTune(Callback):
             if result.plan is not None:  # tune's amp reason says how it was chosen
                 plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
                 head += [r for r in result.plan.reasons if r.startswith("amp")]
-            plan.reasons = [python_text(r) for r in head + plan.reasons]
+            plan.reasons = [python_text(r, said) for r in head + plan.reasons]
+            plan.warnings = [python_text(w, said) for w in plan.warnings]
         return trainer.strategy.broadcast(plan, src=0)
 
     # -- applying the plan -------------------------------------------------
@@ -391,8 +406,7 @@ class BatchTune(Callback):
             said.append(f"lr left to the scheduler configure_optimizers returned (the plan says "
                         f"{plan.lr:.6g}{f' with {plan.warmup_steps} warm-up steps' if plan.warmup_steps else ''})")
             return
-        base = [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
-        ratios = [b / base[0] if base[0] else 1.0 for b in base]
+        ratios = group_lr_ratios([float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups])
         for g, ratio in zip(optimizer.param_groups, ratios):
             g["lr"] = plan.lr * ratio
             g.pop("initial_lr", None)

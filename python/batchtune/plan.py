@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _core
+from . import _checks, _core
 from ._memory import python_names
+
+# A plan file is a few KiB; past this it is the wrong file.
+_MAX_PLAN_FILE_BYTES = 16 << 20
 
 
 @dataclasses.dataclass
@@ -95,10 +100,36 @@ class Plan:
 
     @classmethod
     def load(cls, path: str) -> "Plan":
-        """Reads a plan file (`batchtune plan --json` or `tune --json` output)."""
-        with open(path) as f:
-            text = f.read()
-        return cls.from_dict(json.loads(text), path)
+        """Reads a plan file (`batchtune plan --json` or `tune --json` output)
+        as the CLI's `--plan` reads it: UTF-8 JSON (a byte-order mark is
+        skipped), a few levels deep; anything else raises `batchtune.Error`
+        naming the file."""
+        if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path: give the plan file's path (a str), got {path!r}")
+        path = os.fspath(path)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise _core.Error(f"path: {path} is not a regular file (a folder, a device or a "
+                                  "FIFO); give a plan file written by batchtune plan --json")
+            with open(path, "rb") as f:
+                data = f.read(_MAX_PLAN_FILE_BYTES + 1)
+        except OSError as e:
+            raise _core.Error(f"path: cannot read the plan {path} ({e.strerror}); give a plan file "
+                              "written by batchtune plan --json") from None
+        if len(data) > _MAX_PLAN_FILE_BYTES:
+            raise _core.Error(f"{path}: is larger than {_MAX_PLAN_FILE_BYTES // (1 << 20)} MiB; a "
+                              "plan is a few KiB: give a plan file written by batchtune plan --json")
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise _core.Error(f"{path}: is UTF-16 text; save the plan as UTF-8")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _core.Error(f"{path}: is not UTF-8 text (byte {e.start}); save the plan as "
+                              "UTF-8") from None
+        # The core's reader, as `--plan`: a BOM skipped, the depth bounded,
+        # errors with the file's name and the position.
+        checked = json.loads(_core.check_plan_json(text, path))
+        return cls(**checked)
 
     @classmethod
     def make(cls, micro_batch_size: int, *, target_batch: Optional[int] = None, world_size: int = 1,
@@ -114,7 +145,34 @@ class Plan:
         `speeds`, the sweep's (batch size, samples/s) rows; down to half of it
         without them), else the nearest; lr scaled from `base_lr` at
         `base_batch` (unscaled when that is None); warm-up by the rule unless
-        given; the micro-batch rounded down to a multiple of `multiple_of`."""
+        given; the micro-batch rounded down to a multiple of `multiple_of`.
+        A bad argument raises `TypeError` or `batchtune.Error` naming it."""
+        micro_batch_size = _checks.integer("micro_batch_size", micro_batch_size)
+        target_batch = _checks.optional_integer("target_batch", target_batch)
+        world_size = _checks.integer("world_size", world_size)
+        base_lr = _checks.number("base_lr", base_lr, "positive")
+        if not (0 < base_lr <= _checks.MAX_LEARNING_RATE):
+            raise _core.Error(f"base_lr: must be positive and at most {_checks.MAX_LEARNING_RATE:g}, "
+                              f"got {base_lr:g}")
+        base_batch = _checks.optional_integer("base_batch", base_batch)
+        optimizer = _checks.choice("optimizer", optimizer, _checks.OPTIMIZERS)
+        if warmup_steps is not None:
+            warmup_steps = _checks.integer("warmup_steps", warmup_steps, -_checks.MAX_PLAN_COUNT)
+            if warmup_steps < 0:
+                raise _core.Error(f"warmup_steps: must be 0 or more steps, got {warmup_steps}")
+        amp = _checks.choice("amp", amp, ("off", "bf16", "fp16"))
+        workers = _checks.whole("workers", workers)
+        if not 0 <= workers <= _checks.MAX_WORKERS:
+            raise _core.Error(f"workers: must be 0 (load on the training thread) to "
+                              f"{_checks.MAX_WORKERS}, got {workers}")
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory: must be True or False, got {pin_memory!r}")
+        prefetch = _checks.whole("prefetch", prefetch)
+        if not 0 <= prefetch <= _checks.MAX_PREFETCH:
+            raise _core.Error(f"prefetch: must be 0 to {_checks.MAX_PREFETCH} batches per worker, "
+                              f"got {prefetch}")
+        multiple_of = _checks.integer("multiple_of", multiple_of, 1, _checks.MAX_PLAN_COUNT)
+        tolerance = _checks.number("tolerance", tolerance, "at least 0 and below 1")
         try:
             text = _core.make_plan(
                 micro_batch_size=micro_batch_size, target_batch=target_batch or 0,
@@ -132,6 +190,20 @@ class Plan:
         """The learning rate at optimizer step `step` (from 0): linear warm-up
         to `lr`, then constant."""
         return _core.scheduled_lr(self.lr, self.warmup_steps, step)
+
+
+def group_lr_ratios(lrs: Sequence[float]) -> List[float]:
+    """Each parameter group's share of the plan's lr: its lr relative to the
+    first group whose lr is not 0. A group at lr 0 (frozen) gets 0 and stays
+    frozen; when every group is at 0 every share is 0."""
+    reference = next((lr for lr in lrs if lr != 0), 0.0)
+    return [lr / reference if reference else 0.0 for lr in lrs]
+
+
+def reference_lr(lrs: Sequence[float]) -> float:
+    """The lr the plan's lr stands for: the first group's that is not 0 (0
+    when every group is frozen)."""
+    return next((float(lr) for lr in lrs if lr != 0), 0.0)
 
 
 def optimizer_kind(optimizer) -> str:

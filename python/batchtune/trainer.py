@@ -9,7 +9,7 @@ import torch
 
 from . import _core, _distributed
 from ._step import LossFn, TrainStep, batch_size_of, slice_batch, to_device
-from .plan import Plan
+from .plan import Plan, group_lr_ratios
 
 
 class Trainer:
@@ -20,8 +20,9 @@ class Trainer:
     share of the batch, and steps the optimizer once.
 
     - The learning rate of every parameter group follows the plan: its
-      `lr` (relative to the groups' lrs when the Trainer was made) with the
-      linear warm-up of `warmup_steps`.
+      `lr` (relative to the groups' lrs when the Trainer was made, the first
+      group not at lr 0 taking the plan's) with the linear warm-up of
+      `warmup_steps`; a group at lr 0 (frozen) stays at 0.
     - `amp` bf16 or fp16 runs the forward under `torch.autocast`; fp16 with a
       `torch.amp.GradScaler`.
     - An out-of-memory in a micro-batch frees what the step held, halves the
@@ -56,9 +57,9 @@ class Trainer:
         self.steps_done = 0
         self.recoveries: List[str] = []
         self.scale_lr = scale_lr
-        # The groups' lrs relative to the first: the plan's lr is the first's.
-        base = [float(g["lr"]) for g in optimizer.param_groups]
-        self._lr_ratios = [b / base[0] if base[0] else 1.0 for b in base]
+        # The groups' lrs relative to the first one not at 0: the plan's lr is
+        # that group's; a group at lr 0 is frozen and stays at 0.
+        self._lr_ratios = group_lr_ratios([float(g["lr"]) for g in optimizer.param_groups])
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
 
     @property

@@ -60,8 +60,12 @@ def test_helper_scales_the_lr_to_a_target_batch_and_leaves_no_trace(tmp_path):
     trainer = transformers.Trainer(model=model, args=training_args(tmp_path, per_device_train_batch_size=8),
                                    train_dataset=data)
     before = state_copy(model, torch.optim.SGD(model.parameters(), lr=0))
-    tuned = tune_training_args(trainer, target_batch=64, memory_limit=LIMIT, report=None,
-                               amp="off", sweep=False, quiet=True)
+    tuned, result = tune_training_args(trainer, target_batch=64, memory_limit=LIMIT, report=None,
+                                       amp="off", sweep=False, quiet=True, return_result=True)
+    # The reasons say where the lr came from, in Python's words.
+    lr_reason = next(r for r in result.plan.reasons if r.startswith("lr "))
+    assert "(the TrainingArguments' learning_rate)" in lr_reason, lr_reason
+    assert not any(" --" in r for r in result.plan.reasons), result.plan.reasons
     assert_bit_identical(before[0], model.state_dict())
     assert all(p.grad is None for p in model.parameters())
     assert not model.training  # its eval mode back (the trials ran it in train mode)

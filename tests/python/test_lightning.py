@@ -157,3 +157,44 @@ def test_callback_refuses_an_amp_the_trainer_cannot_switch_to():
     trainer = quiet_trainer(max_steps=1, precision="bf16-mixed", callbacks=[tuner])
     with pytest.raises(batchtune.Error, match=r"amp: 'off' is not the Trainer's precision 'bf16-mixed'; pass Trainer\(precision="):
         trainer.fit(Module(image_data(64)))
+
+
+def test_callback_with_configure_optimizers_returning_none_says_to_return_one():
+    """Lightning trains with a stand-in optimizer (no parameter groups) when
+    configure_optimizers returns None: BatchTune says so in one line, not an
+    IndexError."""
+    class NoOptimizer(Module):
+        def configure_optimizers(self):
+            return None
+
+    trainer = quiet_trainer(max_steps=1, callbacks=[BatchTune(memory_limit=LIMIT, sweep=False,
+                                                              max_batch=16)])
+    with pytest.raises(batchtune.Error) as e:
+        trainer.fit(NoOptimizer(image_data(32)))
+    message = str(e.value)
+    assert message.startswith("configure_optimizers: returned no optimizer (None)"), message
+    assert "return an optimizer" in message and "\n" not in message
+
+
+def test_callback_reasons_say_where_the_precision_and_the_lr_came_from(caplog):
+    """Nothing asked: the amp reason names the Trainer's precision (not "as
+    asked"), the lr reason the optimizer's lr (not base_lr), and no reason
+    names a CLI flag."""
+    import logging
+
+    tuner = BatchTune(memory_limit=LIMIT, sweep=False, max_batch=16, target_batch=64)
+    trainer = quiet_trainer(max_steps=1, callbacks=[tuner])
+    with caplog.at_level(logging.INFO):
+        trainer.fit(Module(image_data(64)))
+    reasons = tuner.plan.reasons
+    amp = next(r for r in reasons if r.startswith("amp "))
+    assert amp == "amp off: the Trainer's precision '32-true'", amp
+    lr = next(r for r in reasons if r.startswith("lr "))
+    assert "(the optimizer's lr)" in lr and "base_lr" not in lr, lr
+    for text in reasons + tuner.plan.warnings:
+        assert "as asked" not in text and " --" not in text and not text.startswith("--"), text
+    # Asked for: said so.
+    asked = BatchTune(amp="off", memory_limit=LIMIT, sweep=False, max_batch=16, base_lr=1e-3)
+    quiet_trainer(max_steps=1, callbacks=[asked]).fit(Module(image_data(64)))
+    assert "amp off: as asked with amp" in asked.plan.reasons
+    assert any("(base_lr)" in r for r in asked.plan.reasons), asked.plan.reasons

@@ -39,7 +39,7 @@ def test_probe_and_tune_leave_state_bit_identical(name, first_step):
     live = _core.budget_live_bytes()
 
     r = batchtune.probe(model, optimizer, classify_loss, image_batch(), batch_size=8,
-                        memory_limit="256MiB")
+                        memory_limit="256MiB", amp="off")
     assert r.fits, r.error
     assert_bit_identical(before, state_copy(model, optimizer))
     if first_step:
@@ -58,7 +58,7 @@ def test_a_trial_that_does_not_fit_leaves_no_trace():
     optimizer = torch.optim.Adam(model.parameters())
     before = state_copy(model, optimizer)
     r = batchtune.probe(model, optimizer, classify_loss, image_batch(), batch_size=512,
-                        memory_limit="16MiB")
+                        memory_limit="16MiB", amp="off")
     assert not r.fits and r.failure == "out_of_memory"
     assert "out of memory" in r.error
     assert_bit_identical(before, state_copy(model, optimizer))

@@ -104,9 +104,66 @@ def test_bf16_autocast_step_runs_and_learns_on_cpu():
     assert last < first
 
 
-def test_fp16_runs_with_a_grad_scaler():
-    model = _mlp(16)
+@pytest.mark.cuda
+def test_fp16_runs_with_a_grad_scaler_on_cuda():
+    model = _mlp(16).cuda()
     trainer = batchtune.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss,
                                 _plan(16, 2, amp="fp16"))
     assert isinstance(trainer.scaler, torch.amp.GradScaler)
-    trainer.step(_data(32))
+    trainer.step(tuple(t.cuda() for t in _data(32)))
+
+
+def test_fp16_on_the_cpu_is_refused_as_the_cli_refuses_it():
+    """`batchtune train --amp fp16` on the CPU is refused (LibTorch has no CPU
+    fp16 autocast): a plan saying fp16 is refused the same way, before a step."""
+    model = _mlp(16)
+    before = copy.deepcopy(model)
+    with pytest.raises(batchtune.Error) as e:
+        batchtune.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _loss,
+                          _plan(16, 2, amp="fp16"))
+    message = str(e.value)
+    assert message == "amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off"
+    _close(model, before, tol=0)
+
+
+def test_a_group_at_lr_0_stays_frozen():
+    """Groups [0, 1e-3]: the first is frozen; the plan's lr goes to the second
+    (the first group not at 0), the frozen one stays at 0 and its weights
+    do not move."""
+    model = _mlp(16)
+    frozen, trained = list(model[0].parameters()), list(model[2].parameters())
+    optimizer = torch.optim.SGD([{"params": frozen, "lr": 0.0}, {"params": trained, "lr": 1e-3}])
+    before = [p.detach().clone() for p in frozen]
+    trainer = batchtune.Trainer(model, optimizer, _loss, _plan(8, 1, lr=0.05))
+    for _ in range(3):
+        trainer.step(_data(8))
+    assert [g["lr"] for g in optimizer.param_groups] == [0.0, pytest.approx(0.05)]
+    for p, b in zip(frozen, before):
+        assert torch.equal(p, b)
+    # Groups keep their ratios to the first one not at 0; frozen ones stay at 0.
+    optimizer = torch.optim.SGD([{"params": frozen, "lr": 0.0}, {"params": trained[:1], "lr": 1e-3},
+                                 {"params": trained[1:], "lr": 2e-3}])
+    trainer = batchtune.Trainer(model, optimizer, _loss, _plan(8, 1, lr=0.05, warmup=2))
+    trainer.step(_data(8))
+    assert [g["lr"] for g in optimizer.param_groups] == [0.0, pytest.approx(0.025), pytest.approx(0.05)]
+
+
+def test_a_dict_batch_with_a_0_dim_tensor_first_steps_with_the_tensor_whole():
+    """A per-batch constant (0-dim) before the samples: the batch size comes
+    from the tensors that have one, and the constant goes whole to every
+    micro-batch."""
+    model = _mlp(16)
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append((float(batch["temperature"]), batch["x"].shape[0]))
+        return torch.nn.functional.cross_entropy(m(batch["x"]) / batch["temperature"], batch["y"])
+
+    x, y = _data(16)
+    trainer = batchtune.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, _plan(8, 2))
+    trainer.step({"temperature": torch.tensor(2.0), "x": x, "y": y})
+    assert seen == [(2.0, 8), (2.0, 8)]
+    with pytest.raises(ValueError, match=r"batch: batch\['x'\] has 16 samples but batch\['y'\] has 15"):
+        trainer.step({"x": x, "y": y[:15]})
+    with pytest.raises(TypeError, match="batch: has no tensor with a batch dimension"):
+        trainer.step({"temperature": torch.tensor(2.0)})

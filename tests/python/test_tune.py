@@ -3,13 +3,16 @@
 HTML) from Python."""
 import json
 import math
+import re
+import threading
 
 import pytest
 import torch
 
 import batchtune
 
-from conftest import (TinyTransformer, classify_loss, image_batch, small_convnet,
+from conftest import (TinyTransformer, assert_bit_identical, classify_loss, image_batch,
+                      small_convnet, state_copy,
                       transformer_batch, transformer_loss)
 
 
@@ -20,10 +23,11 @@ def _max_fits_and_three_percent_above_does_not(model, optimizer, loss_fn, make_b
     best = result.max_batch_size
     assert best >= 4, result.trials
     at = batchtune.probe(model, optimizer, loss_fn, make_batch, batch_size=best,
-                         memory_limit=limit, steps=1, min_time=0)
+                         memory_limit=limit, steps=1, min_time=0, amp="off")
     assert at.fits, at.error
     above = batchtune.probe(model, optimizer, loss_fn, make_batch,
-                            batch_size=math.ceil(best * 1.03), memory_limit=limit, steps=1, min_time=0)
+                            batch_size=math.ceil(best * 1.03), memory_limit=limit, steps=1, min_time=0,
+                            amp="off")
     assert not above.fits
     assert above.failure in ("out_of_memory", "over_budget")
     return result
@@ -252,3 +256,166 @@ def test_tune_writes_no_report_unless_asked(tmp_path, monkeypatch):
                        max_batch=16, amp="off", time_budget=5, base_batch=16)  # no report=
     assert r.report is None
     assert list(tmp_path.iterdir()) == []
+
+
+# -- round three: what a hostile tester and a new user found ------------------
+
+def _quick_tune(model, optimizer, make_batch, **kwargs):
+    arguments = dict(memory_limit="32MiB", sweep=False, amp="off", max_batch=64, time_budget=30)
+    arguments.update(kwargs)
+    return batchtune.tune(model, optimizer, classify_loss, make_batch, **arguments)
+
+
+@pytest.mark.parametrize("case", ["half of n", "ignores n", "one tensor short"])
+def test_a_make_batch_of_another_size_than_asked_is_refused_naming_it(case):
+    """A maximum is only true of the batch that ran: make_batch(n) must give n
+    samples in every tensor; one that gives n//2, a constant size, or one
+    tensor short is refused at the first trial, naming what it returned, and
+    leaves no trace."""
+    make = image_batch((3, 8, 8))
+
+    def make_batch(n):
+        x, y = make(n)
+        if case == "half of n":
+            return x[: max(1, n // 2)], y[: max(1, n // 2)]
+        if case == "ignores n":
+            return make(8)
+        return x, y[:-1]
+
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = state_copy(model, optimizer)
+    with pytest.raises(batchtune.Error) as e:
+        _quick_tune(model, optimizer, make_batch)
+    message = str(e.value)
+    assert re.fullmatch(r"make_batch: make_batch\((\d+)\) returned (\d+) samples in batch\[(0|1)\] "
+                        r"\(its first dimension\); it must return exactly n samples in every tensor",
+                        message), message
+    n, returned = map(int, re.match(r"make_batch: make_batch\((\d+)\) returned (\d+)", message).groups())
+    assert n != returned
+    assert_bit_identical(before, state_copy(model, optimizer))
+    with pytest.raises(batchtune.Error, match=r"^make_batch: make_batch\(\d+\) returned"):
+        batchtune.probe(model, optimizer, classify_loss, make_batch, batch_size=16,
+                        memory_limit="32MiB", amp="off", steps=1, min_time=0)
+
+
+def test_a_dict_batch_may_carry_a_0_dim_tensor_first():
+    make = image_batch((3, 8, 8))
+
+    def make_batch(n):
+        x, y = make(n)
+        return {"temperature": torch.tensor(2.0), "x": x, "y": y}
+
+    def loss_fn(model, batch):
+        return torch.nn.functional.cross_entropy(model(batch["x"]) / batch["temperature"], batch["y"])
+
+    model = small_convnet()
+    r = batchtune.tune(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, make_batch,
+                       memory_limit="32MiB", sweep=False, amp="off", max_batch=16, time_budget=30)
+    assert r.max_batch_size == 16
+
+
+def test_a_second_tune_while_one_runs_in_another_thread_is_refused():
+    """The emulated budget and the random generators are the process's: a
+    tune or probe from a second thread while one runs is refused with a
+    RuntimeError naming the cause, and the first one finishes as if alone."""
+    started, release = threading.Event(), threading.Event()
+    make = image_batch((3, 8, 8))
+
+    def slow_make_batch(n):
+        started.set()
+        release.wait(timeout=120)  # the main thread sets it; the timeout only guards a hang
+        return make(n)
+
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    results = {}
+
+    def first():
+        try:
+            results["first"] = batchtune.probe(model, optimizer, classify_loss, slow_make_batch,
+                                               batch_size=4, memory_limit="32MiB", amp="off",
+                                               steps=1, min_time=0)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            results["first"] = e
+
+    thread = threading.Thread(target=first, name="first-tuner")
+    thread.start()
+    try:
+        assert started.wait(timeout=120)
+        other = small_convnet()
+        other_optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+        with pytest.raises(RuntimeError) as e:
+            _quick_tune(other, other_optimizer, make)
+        message = str(e.value)
+        assert message.startswith("batchtune.tune: another tune or probe is running in this "
+                                  "process (thread 'first-tuner')"), message
+        assert "one after the other" in message and "\n" not in message
+        with pytest.raises(RuntimeError, match=r"^batchtune.probe: another tune or probe"):
+            batchtune.probe(other, other_optimizer, classify_loss, make, batch_size=2,
+                            memory_limit="32MiB", amp="off")
+    finally:
+        release.set()
+        thread.join()
+    assert isinstance(results["first"], batchtune.ProbeResult), results["first"]
+    assert results["first"].fits
+    # Once it ended, the next one runs.
+    assert _quick_tune(other, other_optimizer, make, max_batch=8).max_batch_size == 8
+
+
+def test_no_memory_limit_inside_emulated_memory_is_the_block_s_budget():
+    """`tune(memory_limit=None)` in `emulated_memory("2MiB")` measures against
+    2 MiB (not half the RAM), and the block's budget is back afterwards."""
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    make = image_batch((3, 16, 16))
+    with batchtune.emulated_memory("2MiB"):
+        r = batchtune.tune(model, optimizer, classify_loss, make, sweep=False, amp="off",
+                           max_batch=4096, time_budget=60)
+        p = batchtune.probe(model, optimizer, classify_loss, make, batch_size=4096, amp="off",
+                            steps=1, min_time=0)
+        from batchtune import _core
+        assert _core.budget_get() == 2 << 20
+    assert {t.capacity_bytes for t in r.trials} == {2 << 20}
+    assert 1 <= r.max_batch_size < 4096  # memory bound it, not the cap
+    assert p.capacity_bytes == 2 << 20 and not p.fits
+
+
+_CLI_FLAG = re.compile(r"(?<![\w-])--[a-z]")
+
+
+def test_reasons_speak_python_and_say_where_unasked_values_came_from(capsys):
+    """Every text of a Python tune — the verbose console, the choice, the
+    diagnosis, the plan's reasons and warnings, the JSON — names Python
+    arguments (target_batch, not --target-batch), says the lr is the
+    optimizer's when no base_lr was given, and the console's precision line
+    is the plan's."""
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match="base_batch"):
+        r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 8, 8)),
+                           memory_limit="32MiB", amp="off", max_batch=16, target_batch=64,
+                           time_budget=20, verbose=True)
+    err = capsys.readouterr().err
+    assert "target_batch 64 reached" in err
+    texts = [err, r.reason, r.diagnosis, r.to_json()] + r.plan.reasons + r.plan.warnings
+    for text in texts:
+        assert not _CLI_FLAG.search(text), _CLI_FLAG.search(text).string[:300]
+    lr_reason = next(x for x in r.plan.reasons if x.startswith("lr "))
+    assert "(the optimizer's lr)" in lr_reason and "base_lr" not in lr_reason, lr_reason
+    amp_reason = next(x for x in r.plan.reasons if x.startswith("amp "))
+    assert amp_reason == "amp off: as asked with amp"
+    assert f"  - {amp_reason}" in err.splitlines()
+    assert r.to_dict()["amp_reason"] == amp_reason
+    # amp auto on the CPU: the console's measured precision line is the plan's.
+    auto = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 8, 8)),
+                          memory_limit="32MiB", max_batch=16, sweep=False, base_lr=0.1,
+                          base_batch=16, time_budget=20, verbose=True)
+    err = capsys.readouterr().err
+    amp_reason = next(x for x in auto.plan.reasons if x.startswith("amp "))
+    assert "bf16" in amp_reason and not _CLI_FLAG.search(amp_reason), amp_reason
+    assert amp_reason in err.splitlines(), err
+    given = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 8, 8)),
+                           memory_limit="32MiB", amp="off", max_batch=16, sweep=False,
+                           base_lr=0.1, base_batch=16, target_batch=64, time_budget=20)
+    assert any("(base_lr)" in x for x in given.plan.reasons), given.plan.reasons
