@@ -439,6 +439,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         base_lr = _checks.number("base_lr", base_lr, "positive")
     report = _checks.output_path("report", report)
     dev = resolve_device(device)
+    if amp == "fp16" and dev.type == "cpu":
+        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
     # Where the values the caller left out came from, for the reasons.
     said = dict(_said or {})
     if base_lr is None:

@@ -131,9 +131,11 @@ def test_cuda_without_a_cuda_device_says_so():
 
 # -- amp: fp16 is CUDA's, as the CLI says; one default for probe and tune -------------
 
-def test_fp16_on_the_cpu_is_refused_by_probe_as_by_the_cli():
+def test_fp16_on_the_cpu_is_refused_by_probe_and_tune_as_by_the_cli():
     _probe_fails("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off",
                  batchtune.Error, amp="fp16", batch_size=2, device="cpu")
+    _tune_fails_first("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off",
+                      batchtune.Error, amp="fp16", device="cpu")
 
 
 def test_probe_and_tune_default_to_amp_auto_and_probe_says_what_ran():
