@@ -80,8 +80,8 @@ class ProbeResult:
     @classmethod
     def _from_core(cls, t: "_core.TrialResult", amp: str = "off",
                    amp_reason: Optional[str] = None) -> "ProbeResult":
-        return cls(amp=amp, amp_reason=amp_reason, batch_size=t.batch_size, fits=t.fits, peak_bytes=t.peak_bytes,
-                   capacity_bytes=t.capacity_bytes, usable_bytes=t.usable_bytes,
+        return cls(amp=amp, amp_reason=amp_reason, batch_size=t.batch_size, fits=t.fits,
+                   peak_bytes=t.peak_bytes, capacity_bytes=t.capacity_bytes, usable_bytes=t.usable_bytes,
                    margin=t.margin, steps=t.steps_run, step_ms=t.step_ms,
                    step_ms_spread=t.step_ms_spread, samples_per_s=t.samples_per_s, busy=t.busy,
                    loss=t.loss, failure=None if t.failure == "none" else t.failure,
@@ -318,13 +318,15 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     margin = _checks.number("margin", margin, "at least 0 and below 1")
     min_time = _checks.number("min_time", min_time, "seconds, from 0 to 3600")
     if not (0 <= min_time <= _checks.MAX_PROBE_SECONDS):
-        raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, got {min_time}")
+        raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, "
+                          f"got {min_time}")
     dev = resolve_device(device)
     if amp == "fp16" and dev.type == "cpu":
         raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
     with _one_at_a_time("probe"), _measured_device(dev, memory_limit, model, optimizer) as memory:
         def runner_at(amp_mode: str) -> Runner:
-            return Runner(Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode), memory, margin)
+            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
+            return Runner(subject, memory, margin)
 
         amp, amp_reason = _probe_amp(amp, dev, runner_at, batch_size)
         runner = runner_at(amp)
@@ -388,13 +390,16 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             processes), exactly where a micro-batch up to the chosen one
             divides it within `tolerance` of its speed, else the nearest (the
             plan's reasons say which and what it cost).
-        memory_limit: the CPU's emulated device size, or a cap on CUDA.
+        memory_limit: the CPU's emulated device size (default the budget of
+            an enclosing `emulated_memory` block, else half the RAM), or a cap
+            on CUDA.
         margin: share of the capacity kept free.
         time_budget: seconds for the whole tune, shared as `batchtune tune
             --time-budget` shares it (search 40 %, sweep 35 %, what a phase
             leaves handed on); it stops with the best found so far. A trial
             that started runs to its end.
-        report: path of the HTML report, or None.
+        report: path of the HTML report, or None; checked before the first
+            trial (a folder, a missing folder, a device raise at once).
         sweep: False stops after the search (the plan takes the maximum).
         base_lr, base_batch: the lr known to work at `base_batch` (default the
             optimizer's lr). The plan scales it from `base_batch` to its global
@@ -408,6 +413,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             plan) to stderr.
 
     Ctrl-C ends it with what was measured (`complete` False), leaving no trace.
+    One tune or probe runs at a time in a process: one called from another
+    thread meanwhile raises `RuntimeError`.
 
     Example::
 
@@ -494,7 +501,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             warnings.warn(f"batchtune: {warning}", stacklevel=2)
     return TuneResult(
         max_batch_size=core.search.max_batch_size, chosen_batch_size=core.selection.batch_size,
-        plan=plan, trials=[ProbeResult._from_core(t) for t in list(core.search.trials)],
+        plan=plan, trials=[ProbeResult._from_core(t, document.get("amp", "off"),
+                                                  document.get("amp_reason"))
+                           for t in list(core.search.trials)],
         sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
         reason=python_text(core.selection.reason, said),
         diagnosis=python_text(core.diagnosis.text, said),
