@@ -43,6 +43,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size 4 --device gpu", "--device"},
         BadInput{"probe --batch-size 4 --optimizer lbfgs", "--optimizer"},
         BadInput{"probe --batch-size 4 --margin 1.5", "--margin"},
+        BadInput{"probe --batch-size 4 --margin 0.999999999", "--margin"},
         BadInput{"probe --batch-size 4 --classes 1", "--classes"},
         BadInput{"probe --batch-size 4 --classes 0", "--classes"},
         BadInput{"probe --batch-size 2 --model gpt --vocab 0", "--vocab"},
@@ -94,6 +95,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"tune --prefetch 1000000", "--prefetch"},
         BadInput{"tune --json /nonexistent-folder/out.json", "--json"},
         BadInput{"tune --report /tmp", "--report"},
+        BadInput{"tune --json /proc/version", "--json"},
         BadInput{"tune --max-batchs 16", "did you mean --max-batch"},
         BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 "
                  "--epochs 9223372036854775807",
@@ -107,6 +109,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 1 "
                  "--json /nonexistent-folder/out.json",
                  "--json"},
+        // A count of zero where it must be positive (issue 27).
+        BadInput{"train --model mlp --input 1x8x8 --device cpu --batch-size 2 --steps 0",
+                 "--steps"},
+        BadInput{"train --batch-size 2 --target-tokens 0", "--target-tokens"},
+        BadInput{"train --data text:/usr/share/common-licenses --input 3x8x8 --batch-size 2",
+                 "--input"},
         BadInput{"plan --batch-size 8 --target-batch 9223372036854775807", "--target-batch"},
         BadInput{"plan --batch-size 4611686018427387904", "--batch-size"},
         BadInput{"plan --batch-size 8 --base-lr 1e39", "--base-lr"},
@@ -187,6 +195,12 @@ TEST(Cli, TuneSearchOnlyFindsAMaximumThatProbeConfirms) {
   EXPECT_GT(j["search"]["steps"].get<int64_t>(), 0);
   EXPECT_GE(j["search"]["seconds"].get<double>(), 0);
   EXPECT_TRUE(j["complete"].get<bool>());
+  // The threads the console names, not 0 (--threads was not given).
+  const size_t threads_at = r.output.find(" thread(s)");
+  ASSERT_NE(threads_at, std::string::npos) << r.output;
+  const size_t number_at = r.output.rfind(' ', threads_at - 1) + 1;
+  EXPECT_EQ(j["threads"].get<int>(), std::stoi(r.output.substr(number_at, threads_at - number_at)));
+  EXPECT_GE(j["threads"].get<int>(), 1);
   for (const auto& t : j["trials"]) {
     EXPECT_TRUE(t.contains("batch_size") && t.contains("fits") && t.contains("peak_bytes"));
   }

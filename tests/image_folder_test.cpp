@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -143,6 +144,44 @@ TEST(ImageFolder, SkipBadSamplesWarnsCountsAndFillsTheBatch) {
   EXPECT_TRUE(at::equal(batch.inputs[0][1], batch.inputs[0][2]));
   data.get_batch({1});
   EXPECT_EQ(data.skipped_samples(), 1);  // counted once per file
+}
+
+TEST(ImageFolder, AClassWhoseEveryImageIsUnreadableIsNamed) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  ImageFolder folder(2, 2);
+  for (int i : {0, 1}) {  // both files of class0
+    std::ofstream(folder.files()[static_cast<size_t>(i)], std::ios::binary | std::ios::trunc)
+        << "not an image";
+  }
+  std::ofstream(folder.files()[2], std::ios::binary | std::ios::trunc) << "not an image";
+  ImageFolderDataset data(folder.dir(),
+                          ImageFolderOptions().sample_shape({3, 16, 16}).skip_bad_samples(true));
+  data.get_batch({0, 1, 2, 3});
+  EXPECT_EQ(data.skipped_samples(), 3);
+  EXPECT_EQ(data.unreadable_classes(), std::vector<std::string>{"class0"})
+      << "class1 kept one readable image";
+}
+
+TEST(ImageFolder, CmykJpegsDecodeToTheirColoursNotCorrupt) {
+  BATCHTUNE_REQUIRE_IMAGES();
+  // Inverted CMYK (as libjpeg-turbo and Adobe write it) of one colour.
+  const uint8_t r = 200, g = 40, b = 90;
+  const uint8_t k = std::max({r, g, b});  // inverted: 255 − black
+  batchtune::Image cmyk{8, 8, 4, {}};
+  for (int i = 0; i < 64; ++i) {
+    for (uint8_t v : {static_cast<uint8_t>(r * 255 / k), static_cast<uint8_t>(g * 255 / k),
+                      static_cast<uint8_t>(b * 255 / k), k}) {
+      cmyk.pixels.push_back(v);
+    }
+  }
+  const std::vector<uint8_t> bytes = batchtune::encode_jpeg(cmyk, 100);
+  const batchtune::Image rgb = batchtune::decode_image("cmyk.jpg", bytes, 3);
+  ASSERT_EQ(rgb.pixels.size(), 8u * 8u * 3u);
+  EXPECT_NEAR(rgb.pixels[0], r, 6);
+  EXPECT_NEAR(rgb.pixels[1], g, 6);
+  EXPECT_NEAR(rgb.pixels[2], b, 6);
+  const batchtune::Image grey = batchtune::decode_image("cmyk.jpg", bytes, 1);
+  EXPECT_NEAR(grey.pixels[0], (299 * r + 587 * g + 114 * b) / 1000, 6);
 }
 
 TEST(ImageFolder, BadFoldersAreErrorsNamingThem) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 
@@ -118,6 +119,11 @@ TEST(NoiseScale, MeasuresEveryAccumulatedStepAndEveryTenthOtherwise) {
   EXPECT_EQ(NoiseScaleTracker::small_batch(1, 128, 128), 0);
   EXPECT_EQ(NoiseScaleTracker::small_batch(kNoiseScaleEveryWithoutAccumulation, 9, 9), 4);
   EXPECT_EQ(NoiseScaleTracker::small_batch(0, 1, 1), 0) << "one sample cannot be split";
+  // Halves of 1 would fail in BatchNorm where the whole batch of 2 trains.
+  EXPECT_EQ(NoiseScaleTracker::small_batch(0, 2, 2), 0);
+  EXPECT_EQ(NoiseScaleTracker::small_batch(0, 3, 3), 0);
+  EXPECT_EQ(NoiseScaleTracker::small_batch(0, kNoiseScaleMinSplitBatch, kNoiseScaleMinSplitBatch),
+            kNoiseScaleMinSplitBatch / 2);
 }
 
 std::unique_ptr<TensorDataset> toy_data(int64_t samples, uint64_t seed) {
@@ -206,6 +212,35 @@ TEST(NoiseScale, AMeasuringRunLeavesTheModelAsItWas) {
   EXPECT_NE(testing::error_of([&] { measure_noise_scale(w, *memory, *toy_data(3, 4), 8, 1e-3); })
                 .find("--data"),
             std::string::npos);
+}
+
+/// A clock that moves 1 s each time it is read: a run on it takes a known
+/// number of seconds per step, with no sleeping.
+class TickingClock final : public Clock {
+ public:
+  double now_s() const override { return ticks_.fetch_add(1) * 1.0; }
+  bool wait_until(double, std::condition_variable&, std::unique_lock<std::mutex>&,
+                  const std::function<bool()>& stop) override {
+    return stop();
+  }
+
+ private:
+  mutable std::atomic<int64_t> ticks_{0};
+};
+
+// The noise run of tune stops at its share of the budget, not after
+// --noise-steps (100,000 steps ran over 80 s against "at most 2 s").
+TEST(NoiseScale, AMeasuringRunStopsAtItsTimeLimit) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{1} << 30);
+  const auto data = toy_data(1024, 3);
+  Workload w = mlp();
+  const auto before = testing::copies(w.model().parameters());
+  TickingClock clock;
+  const NoiseScaleMeasurement m =
+      measure_noise_scale(w, *memory, *data, 8, 1e-3, kMaxNoiseRunSteps, 0, 20.0, &clock);
+  EXPECT_GE(m.steps, 1);
+  EXPECT_LE(m.steps, 20) << "a step reads the clock at least once, so 20 s pass within 20 steps";
+  testing::expect_identical(before, testing::copies(w.model().parameters()));
 }
 
 // A signal during tune's noise-scale run stops it: the model is put back and

@@ -85,6 +85,25 @@ TEST(TextDataset, ParagraphsAreByteTokensAndTheNextByteIsTheTarget) {
   remove_tree(dir);
 }
 
+TEST(TextDataset, LinksToFoldersAndFilesAlreadyReadAreReadOnce) {
+  const std::string dir = temp_folder("links");
+  std::ofstream(dir + "/a.txt") << "hello world\n\nsecond paragraph";
+  ASSERT_EQ(::symlink(".", (dir + "/again").c_str()), 0);  // a loop back to the top
+  ASSERT_EQ(::symlink((dir + "/a.txt").c_str(), (dir + "/b.txt").c_str()), 0);
+  const TextDataset text(dir, {4, 64});
+  EXPECT_EQ(text.documents(), 1);
+  EXPECT_EQ(text.lengths(), (std::vector<int64_t>{10, 15}));
+  remove_tree(dir);
+}
+
+TEST(TextDataset, WindowsLineEndsSeparateParagraphsToo) {
+  const std::string dir = temp_folder("crlf");
+  std::ofstream(dir + "/a.txt", std::ios::binary) << "hello world\r\n\r\nsecond\r\nparagraph";
+  const TextDataset text(dir, {4, 64});
+  EXPECT_EQ(text.lengths(), (std::vector<int64_t>{10, 15}));
+  remove_tree(dir);
+}
+
 TEST(TextDataset, BadFoldersNameTheData) {
   EXPECT_NE(error_of([] { TextDataset("/nonexistent/text", {16, 512}); }).find("--data text:"),
             std::string::npos);
@@ -291,6 +310,29 @@ TEST(TokenTrainer, ATargetLossNotReachedLeavesTheToTargetFieldsEmpty) {
   EXPECT_FALSE(run.summary.seconds_to_target.has_value());
   EXPECT_FALSE(run.summary.samples_to_target.has_value());
   EXPECT_DOUBLE_EQ(run.summary.epochs, 4.0);
+}
+
+TEST(TokenTrainer, FixedBatchesTakeOneMicroBatchAStepWhateverTheirPadding) {
+  TextFolder folder("fixed", {16, 64}, 40, 9);
+  TextDataset text(folder.path(), {16, 64});
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  Workload workload(WorkloadOptions()
+                        .model("gpt")
+                        .input_spec(parse_input_flags(InputFlags().inputs({"int64:16..64"}).vocab(256)))
+                        .gpt(GptOptions().layers(1).heads(2).width(32))
+                        .seed(3));
+  Plan plan;
+  plan.micro_batch_size = 2;
+  plan.global_batch_size = 2;
+  plan.lr = 1e-3;
+  const TrainSummary s = train_by_tokens(
+      workload, *memory, plan, text,
+      TokenTrainOptions().steps(5).seed(1).fixed_batch_size(2).pad_to(64), nullptr, nullptr);
+  EXPECT_EQ(s.steps, 5);
+  EXPECT_EQ(s.micro_batches, 5) << "padding made the steps accumulate";
+  EXPECT_EQ(s.samples, 10);
+  EXPECT_EQ(s.global_batch_size, 2);
+  EXPECT_EQ(s.accumulation_steps, 1);
 }
 
 TEST(TokenTrainer, ABadTargetLossIsRefusedNamingTheFlag) {

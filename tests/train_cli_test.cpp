@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "batchtune/data/fashion_mnist.h"
@@ -192,6 +193,38 @@ TEST(TrainCli, APlanMadeForAnotherWorkloadIsRefusedNamingTheField) {
   const auto input = run_cli("train --plan " + path + " --input 1x9x9 --device cpu --steps 1");
   EXPECT_EQ(input.exit_code, 2) << input.output;
   EXPECT_NE(input.output.find("input"), std::string::npos) << input.output;
+}
+
+TEST(TrainCli, APlanWhoseMicroBatchWasGivenBindsOnlyWhatWasSaid) {
+  const std::string path = ::testing::TempDir() + "batchtune_cli_plan_unbound.json";
+  const auto made = run_cli("plan --batch-size 4 --device cpu --amp off --json " + path);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_NE(made.output.find("binds no model"), std::string::npos) << made.output;
+  const auto trained =
+      run_cli("train --plan " + path + " --model mlp --input 1x8x8 --device cpu --steps 1");
+  EXPECT_EQ(trained.exit_code, 0) << trained.output;
+}
+
+TEST(TrainCli, AnFp16PlanOnTheCpuAndAPlanWithAnUnknownFieldAreRefused) {
+  const std::string path = ::testing::TempDir() + "batchtune_cli_plan_fp16.json";
+  const auto made = run_cli("plan --batch-size 4 --model mlp --input 1x8x8 --device cpu "
+                            "--amp off --json " + path);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string plan = text.str();
+  const std::string off = "\"amp\": \"off\"";
+  ASSERT_NE(plan.find(off), std::string::npos) << plan;
+  std::ofstream(path) << std::string(plan).replace(plan.find(off), off.size(), "\"amp\": \"fp16\"");
+  const auto fp16 = run_cli("train --plan " + path + " --model mlp --input 1x8x8 --steps 1");
+  EXPECT_EQ(fp16.exit_code, 2) << fp16.output;
+  EXPECT_NE(fp16.output.find("fp16"), std::string::npos) << fp16.output;
+
+  std::ofstream(path) << std::string(plan).replace(plan.find(off), off.size(),
+                                                   "\"amp\": \"off\", \"micro_batch\": 64");
+  const auto unknown = run_cli("plan --plan " + path);
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  EXPECT_NE(unknown.output.find("'micro_batch'"), std::string::npos) << unknown.output;
 }
 
 // Tune what you train: a plan tuned under bf16 trains at its own

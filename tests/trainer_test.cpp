@@ -305,6 +305,24 @@ TargetRun train_toward(std::optional<double> target, testing::FakeClock& clock) 
   return run;
 }
 
+TEST(Trainer, ATimeLimitStopsAfterTheStepThatReachesIt) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = toy_data({16}, 512, 4, 2);
+  Workload w = make_workload("mlp", {16}, 4);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(32).base_lr(1e-2));
+  Trainer trainer(w, *memory, plan, *train, nullptr,
+                  TrainOptions().steps(100).time_limit_s(5.5));
+  testing::FakeClock clock;
+  trainer.set_clock(clock);
+  trainer.set_before_step([&](int64_t) { clock.advance(1); });  // a step: 1 s
+  const TrainSummary s = trainer.run();
+  EXPECT_EQ(s.steps, 6) << "the step that passed 5.5 s was the sixth";
+  EXPECT_TRUE(s.time_limit_reached);
+  EXPECT_TRUE(s.complete) << "a time limit is the end asked for, not an interruption";
+  EXPECT_TRUE(s.interrupted_by.empty());
+  EXPECT_EQ(to_json(s).value("time_limit_reached", false), true);
+}
+
 TEST(Trainer, EvalEveryEvaluatesBetweenEpochEndsToo) {
   testing::FakeClock clock;
   const TargetRun run = train_toward(std::nullopt, clock);

@@ -133,6 +133,17 @@ TEST(TuneResult, ThePageShowsLimitsFailuresPlanTablesAndProvenance) {
   EXPECT_EQ(html.find("Interrupted"), std::string::npos);
 }
 
+TEST(TuneResult, TrialsOfOneBatchInARowShareOneBandAndOneLabel) {
+  TuneResult r = sample_report();
+  // A confirmation trial at 960, then three timed repeats of the sweep's 512.
+  r.phases = {{0, 2, 64, "search"},  {2, 5, 960, "search"}, {5, 7, 960, "search"},
+              {7, 8, 512, "sweep"},  {8, 9, 512, "sweep"},  {9, 10, 512, "sweep"}};
+  const std::string html = html_report(r);
+  EXPECT_EQ(count(html, "class='band'"), 3U);
+  EXPECT_EQ(count(html, "fill='#555'>960</text>"), 1U);
+  EXPECT_EQ(count(html, "fill='#555'>512</text>"), 1U);
+}
+
 TEST(TuneResult, AnInterruptedReportSaysSo) {
   TuneResult r = sample_report();
   r.complete = false;

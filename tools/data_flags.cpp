@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/data/fashion_mnist.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/common/shape.h"
 
@@ -19,6 +20,28 @@ void add_data_flags(CLI::App& app, DataFlags& flags) {
       ->capture_default_str();
   app.add_flag("--skip-bad-samples", flags.skip_bad_samples,
                "skip unreadable image files with a warning (counted) instead of stopping");
+}
+
+void check_text_inputs(const DataFlags& flags, const WorkloadFlags& workload) {
+  for (const std::string& input : workload.inputs) {
+    if (input.rfind("int64:", 0) != 0) {
+      throw Error(fmt::format("--input: --data {} is byte tokens, so the input is a token length "
+                              "or range like int64:16..512; got {}",
+                              flags.data, input));
+    }
+  }
+}
+
+FileRole data_file_role(const DataFlags& flags) {
+  const size_t colon = flags.data.find(':');
+  const std::string name = flags.data.substr(0, colon);
+  std::string dir;
+  if (colon != std::string::npos) {
+    dir = flags.data.substr(colon + 1);
+  } else if (name == "fashion-mnist") {
+    dir = kFashionMnistDefaultDir;
+  }
+  return {"--data", dir, FileAccess::kReadFolder};
 }
 
 DataSplits open_data(const DataFlags& flags, WorkloadFlags& workload) {

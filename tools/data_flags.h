@@ -24,4 +24,12 @@ void add_data_flags(CLI::App& app, DataFlags& flags);
 /// `batchtune::Error` naming the flag.
 DataSplits open_data(const DataFlags& flags, WorkloadFlags& workload);
 
+/// For `--data text:DIR`: refuses an `--input` that is no token input
+/// before anything else blames another flag for it (`--vocab`).
+void check_text_inputs(const DataFlags& flags, const WorkloadFlags& workload);
+
+/// The folder `--data` reads (fashion-mnist's, an image folder, text:DIR),
+/// for `check_file_roles`; an empty path for synthetic data.
+FileRole data_file_role(const DataFlags& flags);
+
 }  // namespace batchtune::cli

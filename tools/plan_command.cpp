@@ -23,6 +23,10 @@ struct PlanCommandFlags {
 };
 
 int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
+  std::vector<FileRole> files = workload_file_roles(flags.workload);
+  files.push_back({"--plan", flags.plan.plan_file, FileAccess::kRead});
+  files.push_back({"--json", flags.json, FileAccess::kWrite});
+  check_file_roles(files);
   check_output_file(flags.json, "--json");
   check_plan_flags(flags.plan, cmd);
   std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
@@ -44,6 +48,18 @@ int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
                           return interrupt_requested() ? std::optional<std::string>(interrupt_name())
                                                        : std::nullopt;
                         });
+    if (cmd.count("--batch-size") > 0) {
+      // A micro-batch given, not measured: the plan binds only what was said,
+      // so that `train --plan` may use it with any model, input and budget.
+      PlanWorkload& w = plan.workload;
+      if (cmd.count("--model") == 0) w.model.clear();
+      if (cmd.count("--input") == 0 && cmd.count("--input-spec") == 0) w.input.clear();
+      if (cmd.count("--optimizer") == 0) w.optimizer.clear();
+      if (cmd.count("--memory-limit") == 0) w.memory_limit_bytes = 0;
+      out << "the micro-batch was given, not measured: the plan binds "
+          << (cmd.count("--model") > 0 ? "--model " + w.model : "no model")
+          << " (train checks what it binds)\n";
+    }
   }
   print_plan(out, plan);
   if (!flags.json.empty()) write_json_output(flags.json, to_json(plan));

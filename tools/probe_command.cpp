@@ -33,6 +33,9 @@ struct ProbeFlags {
 };
 
 int run_probe(const ProbeFlags& flags) {
+  std::vector<FileRole> files = workload_file_roles(flags.workload);
+  files.push_back({"--json", flags.json, FileAccess::kWrite});
+  check_file_roles(files);
   check_output_file(flags.json, "--json");
   if (flags.steps < 1 || flags.steps > kMaxProbeSteps) {
     throw Error(fmt::format("--steps: must be from 1 to {}, got {}", kMaxProbeSteps, flags.steps));
@@ -45,9 +48,7 @@ int run_probe(const ProbeFlags& flags) {
     throw Error(fmt::format("--min-time: must be from 0 to {:.0f} seconds, got {}",
                             kMaxProbeSeconds, flags.min_time));
   }
-  if (!(flags.margin >= 0 && flags.margin < 1)) {
-    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", flags.margin));
-  }
+  check_margin(flags.margin);
   check_batch_size(flags.batch_size, input_spec_from_flags(flags.workload), "--batch-size");
   const AmpMode asked = parse_amp(flags.amp);
   ResolvedWorkload resolved = resolve_workload(flags.workload);

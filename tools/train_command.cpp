@@ -76,6 +76,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                             cmd.count("--target-accuracy") > 0 ? "--target-accuracy"
                                                                : "--eval-every"));
   }
+  check_text_inputs(flags.data, workload_flags);
   if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
   const std::string dir = flags.data.data.substr(std::string("text:").size());
   if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
@@ -154,7 +155,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.epochs < 1 && flags.steps == 0) {
     throw Error(fmt::format("--epochs: must be at least 1, got {}", flags.epochs));
   }
-  if (flags.steps < 0) throw Error(fmt::format("--steps: must be at least 1, got {}", flags.steps));
+  if (flags.steps < 0 || (cmd.count("--steps") > 0 && flags.steps < 1)) {
+    throw Error(fmt::format("--steps: must be at least 1, got {}", flags.steps));
+  }
   if (flags.epochs > kMaxEpochs) {
     throw Error(fmt::format("--epochs: must be at most {}, got {}", kMaxEpochs, flags.epochs));
   }
@@ -204,7 +207,18 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.checkpoint_every > 0 && flags.checkpoint.empty()) {
     throw Error("--checkpoint-every: needs --checkpoint DIR to write to");
   }
-  // Where the results go is checked before the work, not after it.
+  // Where the results go is checked before the work, not after it: first
+  // against each other and the inputs, then each alone.
+  std::vector<FileRole> files = workload_file_roles(flags.workload);
+  files.push_back(data_file_role(flags.data));
+  files.push_back({"--plan", flags.plan.plan_file, FileAccess::kRead});
+  files.push_back({"--json", flags.json, FileAccess::kWrite});
+  if (!flags.checkpoint.empty()) {
+    for (const char* name : {kCheckpointFile, kModelStateFile, kModelScriptFile}) {
+      files.push_back({"--checkpoint", flags.checkpoint + "/" + name, FileAccess::kWrite});
+    }
+  }
+  check_file_roles(files);
   check_output_file(flags.json, "--json");
   prepare_output_directory(flags.checkpoint, "--checkpoint");
   // A bad plan file fails now, before the data loads and lines are printed;
@@ -220,7 +234,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     }
   }
   const PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
-  if (flags.target_tokens < 0) {
+  if (flags.target_tokens < 0 || (cmd.count("--target-tokens") > 0 && flags.target_tokens < 1)) {
     throw Error(fmt::format("--target-tokens: must be at least 1, got {}", flags.target_tokens));
   }
   if (text) {
@@ -237,6 +251,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   // Data parallel: rank 0 alone prints and writes.
   const RankEnvironment env = place_rank(flags.distributed, workload_flags);
   std::ostream& out = env.rank != 0 ? null_stream() : flags.json == "-" ? std::cerr : std::cout;
+  // Rank 0 alone writes the checkpoints, so it alone holds the folder.
+  std::optional<CheckpointLock> checkpoint_lock;
+  if (!flags.checkpoint.empty() && env.rank == 0) checkpoint_lock.emplace(flags.checkpoint);
 
   if (workload_flags.inputs.size() > 1 ||
       (!workload_flags.inputs.empty() &&
@@ -351,6 +368,11 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (data.train->skipped_samples() > 0) {
     out << fmt::format("skipped {} unreadable file(s) (--skip-bad-samples)\n",
                        data.train->skipped_samples());
+    for (const std::string& name : data.train->unreadable_classes()) {
+      out << fmt::format("warning: class {}: every one of its images was unreadable, so the "
+                         "model never saw it; fix or remove its files\n",
+                         name);
+    }
   }
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
   nlohmann::json json = to_json(summary);

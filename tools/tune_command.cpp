@@ -92,6 +92,11 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   }
   check_plan_flags(flags.plan, cmd);
   // Where the results go is checked before the work, not after it.
+  std::vector<FileRole> files = workload_file_roles(flags.workload);
+  files.push_back(data_file_role(flags.data));
+  files.push_back({"--json", flags.json, FileAccess::kWrite});
+  files.push_back({"--report", flags.report, FileAccess::kWrite});
+  check_file_roles(files);
   check_output_file(flags.json, "--json");
   check_output_file(flags.report, "--report");
   const Objective objective = tune_objective(flags, cmd);
@@ -131,6 +136,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   const bool text = flags.data.data.rfind("text:", 0) == 0;
   std::string text_note;
   if (text) {
+    check_text_inputs(flags.data, workload_flags);
     if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
     if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
       const TextDataset data(flags.data.data.substr(5), {16, 512});

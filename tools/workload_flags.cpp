@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -184,6 +185,14 @@ void check_batch_size(int64_t batch, const InputSpec& spec, const std::string& f
                             "a smaller batch or input",
                             flag, batch, sample, kMaxBatchElements));
   }
+}
+
+std::vector<FileRole> workload_file_roles(const WorkloadFlags& flags) {
+  const std::vector<std::string> builtin = builtin_model_names();
+  const bool model_file =
+      std::find(builtin.begin(), builtin.end(), flags.model) == builtin.end();
+  return {{"--model", model_file ? flags.model : std::string(), FileAccess::kRead},
+          {"--input-spec", flags.input_spec, FileAccess::kRead}};
 }
 
 void write_json_output(const std::string& target, const nlohmann::json& json) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "batchtune/common/file_roles.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
 
@@ -63,6 +64,10 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags);
 /// at least 1, at most `kMaxPlanCount`, and its elements (batch × a
 /// sample's) well inside int64. Throws `batchtune::Error` naming `flag`.
 void check_batch_size(int64_t batch, const InputSpec& spec, const std::string& flag);
+
+/// The files the workload flags read (`--model FILE`, `--input-spec`), for
+/// `check_file_roles`.
+std::vector<FileRole> workload_file_roles(const WorkloadFlags& flags);
 
 /// Writes `json` to `target`: `-` for stdout, else a file, atomically.
 void write_json_output(const std::string& target, const nlohmann::json& json);

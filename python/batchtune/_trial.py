@@ -82,8 +82,9 @@ class Runner:
     C++ `TrialRunner`)."""
 
     def __init__(self, subject: Subject, memory: "_core.DeviceMemory", margin: float):
-        if not (0 <= margin < 1):
-            raise _core.Error(f"margin: must be at least 0 and below 1, got {margin}")
+        if not (0 <= margin <= _core.MAX_MARGIN):
+            raise _core.Error(f"margin: must be from 0 to {_core.MAX_MARGIN:g} (the share of "
+                              f"memory kept free), got {margin}")
         self.subject = subject
         self.memory = memory
         self.margin = margin

@@ -315,7 +315,7 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     steps = _checks.integer("steps", steps, 1, _checks.MAX_PROBE_STEPS)
     warmup_steps = _checks.integer("warmup_steps", warmup_steps, 0, _checks.MAX_PROBE_STEPS)
     amp = _checks.choice("amp", amp, ("auto", "off", "bf16", "fp16"))
-    margin = _checks.number("margin", margin, "at least 0 and below 1")
+    margin = _checks.number("margin", margin, f"from 0 to {_core.MAX_MARGIN:g}")
     min_time = _checks.number("min_time", min_time, "seconds, from 0 to 3600")
     if not (0 <= min_time <= _checks.MAX_PROBE_SECONDS):
         raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, "
@@ -426,7 +426,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if objective not in ("throughput", "max-fit"):
         raise _core.Error(f"objective: '{objective}' from Python is throughput or max-fit "
                           "(goodput and energy: the CLI)")
-    margin = _checks.number("margin", margin, "at least 0 and below 1")
+    margin = _checks.number("margin", margin, f"from 0 to {_core.MAX_MARGIN:g}")
     tolerance = _checks.number("tolerance", tolerance, "at least 0 and below 1")
     search_tolerance = _checks.number("search_tolerance", search_tolerance, "at least 0 and below 1")
     if not (0 <= tolerance < 1):

@@ -231,6 +231,8 @@ void bind_search(py::module_& m) {
       py::arg("tolerance") = kDefaultSearchTolerance, py::arg("on_trial") = nullptr);
   m.attr("DEFAULT_MAX_BATCH") = kDefaultMaxBatch;
   m.attr("DEFAULT_TOLERANCE") = kDefaultThroughputTolerance;
+  m.attr("DEFAULT_MARGIN") = kDefaultMargin;
+  m.attr("MAX_MARGIN") = kMaxMargin;
 
   py::class_<SweepRow>(m, "SweepRow")
       .def(py::init<>())

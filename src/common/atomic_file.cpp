@@ -173,6 +173,18 @@ void check_output_file(const std::string& path, const std::string& flag) {
     throw Error(fmt::format("{} {}: the folder {} is not writable ({}); choose another place",
                             flag, path, dir, std::strerror(errno)));
   }
+  // access() says yes to root on a read-only or virtual file system
+  // (/proc/version): only making the temporary file the write will make
+  // tells for sure.
+  const std::string probe = fmt::format("{}/.batchtune-check.{}", dir, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw Error(fmt::format("{} {}: cannot make a file in the folder {} ({}); choose another "
+                            "place",
+                            flag, path, dir, std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void prepare_output_directory(const std::string& dir, const std::string& flag) {

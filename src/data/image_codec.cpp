@@ -48,6 +48,37 @@ void check_dimensions(const std::string& path, const char* format, int width, in
   }
 }
 
+/// A CMYK (or YCCK) JPEG, as print workflows and some photo tools save
+/// them: TurboJPEG cannot convert those to RGB, so its CMYK pixels are
+/// converted here, in libjpeg-turbo's own convention (inverted CMYK, as
+/// Adobe writes it: R = C x K / 255), then to grey when one channel is asked.
+void decode_cmyk_jpeg(TjHandle& tj, const std::string& path, const std::vector<uint8_t>& bytes,
+                      Image& image) {
+  const size_t pixels = static_cast<size_t>(image.width) * image.height;
+  std::vector<uint8_t> cmyk(pixels * 4);
+  if (tjDecompress2(tj.handle, bytes.data(), static_cast<unsigned long>(bytes.size()), cmyk.data(),
+                    image.width, 0, image.height, TJPF_CMYK, TJFLAG_STOPONWARNING) != 0) {
+    const Error error(fmt::format("{}: corrupt JPEG ({})", path, tjGetErrorStr2(tj.handle)));
+    tj.reset();
+    throw error;
+  }
+  for (size_t i = 0; i < pixels; ++i) {
+    const int k = cmyk[4 * i + 3];
+    const auto channel = [&](int c) {
+      return static_cast<uint8_t>((cmyk[4 * i + c] * k + 127) / 255);
+    };
+    const uint8_t r = channel(0), g = channel(1), b = channel(2);
+    if (image.channels == 1) {
+      // ITU-R BT.601 luma, as libjpeg's own RGB to grey.
+      image.pixels[i] = static_cast<uint8_t>((299 * r + 587 * g + 114 * b + 500) / 1000);
+    } else {
+      image.pixels[3 * i] = r;
+      image.pixels[3 * i + 1] = g;
+      image.pixels[3 * i + 2] = b;
+    }
+  }
+}
+
 Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, int channels) {
   // One decompressor per thread: handles are not thread-safe, and making one
   // per file costs more than decoding a small image.
@@ -66,6 +97,10 @@ Image decode_jpeg(const std::string& path, const std::vector<uint8_t>& bytes, in
   image.height = height;
   image.channels = channels;
   image.pixels.resize(static_cast<size_t>(width) * height * channels);
+  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
+    decode_cmyk_jpeg(tj, path, bytes, image);
+    return image;
+  }
   // A truncated or damaged file is an error, not a half-grey picture.
   if (tjDecompress2(tj.handle, bytes.data(), static_cast<unsigned long>(bytes.size()),
                     image.pixels.data(), width, 0, height, channels == 1 ? TJPF_GRAY : TJPF_RGB,
@@ -127,13 +162,16 @@ Image decode_image(const std::string& path, const std::vector<uint8_t>& bytes, i
 }
 
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality) {
-  check_encodable(image);
+  const bool cmyk = image.channels == 4 && image.width >= 1 && image.height >= 1 &&
+                    image.pixels.size() == static_cast<size_t>(image.width) * image.height * 4;
+  if (!cmyk) check_encodable(image);
   TjHandle tj(tjInitCompress());
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
-  if (tjCompress2(tj.handle, image.pixels.data(), image.width, 0, image.height,
-                  image.channels == 1 ? TJPF_GRAY : TJPF_RGB, &buffer, &size,
-                  image.channels == 1 ? TJSAMP_GRAY : TJSAMP_420, quality, 0) != 0) {
+  const int format = image.channels == 1 ? TJPF_GRAY : cmyk ? TJPF_CMYK : TJPF_RGB;
+  const int subsampling = image.channels == 1 ? TJSAMP_GRAY : cmyk ? TJSAMP_444 : TJSAMP_420;
+  if (tjCompress2(tj.handle, image.pixels.data(), image.width, 0, image.height, format, &buffer,
+                  &size, subsampling, quality, 0) != 0) {
     const std::string reason = tjGetErrorStr2(tj.handle);
     tjFree(buffer);
     throw Error("encode_jpeg: " + reason);

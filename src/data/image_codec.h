@@ -38,7 +38,9 @@ bool image_codec_compiled();
 /// declare more than `kMaxImagePixels` / `kMaxImageSide`.
 Image decode_image(const std::string& path, const std::vector<uint8_t>& bytes, int channels);
 
-/// JPEG file bytes of `image` (1 or 3 channels) at `quality` (1-100).
+/// JPEG file bytes of `image` at `quality` (1-100): 1 channel (grey), 3
+/// (RGB) or 4 (inverted CMYK, libjpeg-turbo's convention: a CMYK JPEG as
+/// print tools write them).
 std::vector<uint8_t> encode_jpeg(const Image& image, int quality = 90);
 /// PNG file bytes of `image` (1 or 3 channels).
 std::vector<uint8_t> encode_png(const Image& image);

@@ -278,6 +278,21 @@ std::vector<std::string> ImageFolderDataset::skipped_files() const {
   return {skipped_.begin(), skipped_.end()};
 }
 
+std::vector<std::string> ImageFolderDataset::unreadable_classes() const {
+  std::vector<int64_t> readable(class_names_.size(), 0);
+  {
+    std::lock_guard<std::mutex> lock(skipped_mutex_);
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (skipped_.count(files_[i]) == 0) ++readable[static_cast<size_t>(labels_[i])];
+    }
+  }
+  std::vector<std::string> classes;
+  for (size_t c = 0; c < class_names_.size(); ++c) {
+    if (readable[c] == 0) classes.push_back(class_names_[c]);
+  }
+  return classes;
+}
+
 std::string ImageFolderDataset::describe() const {
   std::string names;
   for (size_t i = 0; i < class_names_.size() && i < 5; ++i) {

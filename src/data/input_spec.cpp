@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/file_roles.h"
 #include "common/json_depth.h"
 #include "batchtune/common/shape.h"
 
@@ -520,6 +521,7 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
 }
 
 InputSpec load_input_spec(const std::string& path) {
+  check_input_file(path, "--input-spec");
   std::ifstream file(path);
   if (!file) throw Error(fmt::format("--input-spec: cannot read '{}'", path));
   std::ostringstream text;

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "batchtune/common/error.h"
@@ -26,22 +27,31 @@ constexpr int kMaxDepth = 16;
 
 // POSIX, not std::filesystem: the torch wheel's libtorch.so exports its own
 // std::filesystem symbols, and they crash when called from here.
-void list_files(const std::string& dir, int depth, std::vector<std::string>& files) {
+/// Files and folders by identity: a link back up (`again -> .`) or a second
+/// link to one file is read once.
+using Seen = std::set<std::pair<dev_t, ino_t>>;
+
+void list_files(const std::string& dir, int depth, std::vector<std::string>& files, Seen& seen) {
   DIR* handle = ::opendir(dir.c_str());
   if (handle == nullptr) return;
-  while (const dirent* entry = ::readdir(handle)) {
-    const std::string name = entry->d_name;
+  // By name, so that which of two links to one file is read does not
+  // depend on the file system's order.
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(handle)) names.emplace_back(entry->d_name);
+  ::closedir(handle);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
     if (name == "." || name == "..") continue;
     const std::string path = dir + "/" + name;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) continue;
+    if (!seen.insert({st.st_dev, st.st_ino}).second) continue;
     if (S_ISDIR(st.st_mode)) {
-      if (depth < kMaxDepth) list_files(path, depth + 1, files);
+      if (depth < kMaxDepth) list_files(path, depth + 1, files, seen);
     } else if (S_ISREG(st.st_mode) && st.st_size <= kMaxDocumentBytes) {
       files.push_back(path);
     }
   }
-  ::closedir(handle);
 }
 
 std::vector<std::string> text_files(const std::string& dir) {
@@ -52,7 +62,8 @@ std::vector<std::string> text_files(const std::string& dir) {
                             dir));
   }
   std::vector<std::string> files;
-  list_files(dir, 0, files);
+  Seen seen = {{st.st_dev, st.st_ino}};
+  list_files(dir, 0, files, seen);
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -68,8 +79,10 @@ TextDataset::TextDataset(const std::string& dir, LengthRange range) : dir_(dir),
   for (const std::string& path : text_files(dir)) {
     std::ifstream in(path, std::ios::binary);
     if (!in) continue;  // unreadable: not this data set's business
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (text.find('\0') != std::string::npos) continue;  // binary (a .gz, an image)
+    // Windows line ends: "\r\n\r\n" separates paragraphs as "\n\n" does.
+    text.erase(std::remove(text.begin(), text.end(), '\r'), text.end());
     ++documents_;
     // Paragraphs: text between blank lines; each n bytes long gives n − 1 tokens.
     size_t begin = 0;

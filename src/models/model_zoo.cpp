@@ -84,8 +84,10 @@ bool is_script_model_path(const std::string& name) {
       return true;
     }
   }
+  // Anything there that is not a folder: a FIFO or device is then refused
+  // as a model file, not called an unknown model name.
   struct stat info {};
-  return stat(name.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  return stat(name.c_str(), &info) == 0 && !S_ISDIR(info.st_mode);
 }
 
 std::unique_ptr<Model> make_model(const std::string& name_or_path, const ModelSpec& spec) {

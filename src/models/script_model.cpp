@@ -4,13 +4,14 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
 #include <torch/script.h>
 
-#include <fstream>
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/file_roles.h"
 #include "batchtune/data/input_spec.h"
 
 namespace batchtune {
@@ -194,9 +195,11 @@ class ScriptModel final : public Model {
 
 std::unique_ptr<Model> load_script_model(const std::string& path,
                                          const ScriptModelOptions& options) {
-  if (!std::ifstream(path)) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
     throw Error(fmt::format("--model {}: no such file, and not a built-in model", path));
   }
+  check_input_file(path, "--model");
   torch::jit::Module module;
   try {
     module = torch::jit::load(path);

@@ -1,6 +1,7 @@
 #include "batchtune/plan/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/file_roles.h"
 #include "common/json_depth.h"
 
 namespace batchtune {
@@ -536,6 +538,17 @@ class PlanReader {
     return n;
   }
 
+  /// Refuses a field not among `known` (a misspelt field would otherwise
+  /// be ignored, and its default used without a word).
+  void only(std::initializer_list<const char*> known) const {
+    for (const auto& [name, value] : json_.items()) {
+      if (std::find_if(known.begin(), known.end(), [&](const char* k) { return name == k; }) ==
+          known.end()) {
+        fail(name, fmt::format("unknown; a plan's fields here are {}", fmt::join(known, ", ")));
+      }
+    }
+  }
+
   std::string text(const std::string& name) const {
     const auto& value = field(name);
     if (!value.is_string()) fail(name, "must be a string, got " + value.dump());
@@ -554,6 +567,10 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   const nlohmann::json& json =
       input.contains("plan") && input["plan"].is_object() ? input["plan"] : input;
   const PlanReader r(json, source);
+  r.only({"micro_batch_size", "accumulation_steps", "world_size", "global_batch_size", "lr",
+          "lr_scaling", "warmup_steps", "amp", "workers", "pin_memory", "prefetch",
+          "eval_micro_batch_size", "reasons", "warnings", "workload", "token_budget",
+          "length_buckets"});
   Plan plan;
   plan.micro_batch_size = r.integer("micro_batch_size", 1);
   plan.accumulation_steps = r.integer("accumulation_steps", 1);
@@ -613,6 +630,8 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     const auto& w = json["workload"];
     if (!w.is_object()) r.fail("workload", "must be an object, got " + w.dump());
     const PlanReader wr(w, source + ": field 'workload'");
+    wr.only({"model", "input", "optimizer", "base_lr", "base_batch", "device",
+             "memory_limit_bytes"});
     const auto text = [&](const char* name) {
       return w.contains(name) ? wr.text(name) : std::string();
     };
@@ -650,6 +669,7 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
         r.fail("length_buckets", fmt::format("bucket {}: must be an object, got {}", i, b.dump()));
       }
       const PlanReader br(b, fmt::format("{}: field 'length_buckets' bucket {}", source, i));
+      br.only({"max_length", "micro_batch_size"});
       plan.length_buckets.push_back(
           {br.integer("max_length", 1), br.integer("micro_batch_size", 1)});
     }
@@ -679,6 +699,7 @@ Plan parse_plan_json(const std::string& text, const std::string& source) {
 }
 
 Plan read_plan_file(const std::string& path) {
+  check_input_file(path, "--plan");
   std::ifstream in(path);
   if (!in) throw Error(fmt::format("--plan {}: cannot open the file", path));
   std::stringstream text;

@@ -161,7 +161,8 @@ std::string render_svg(const SvgChart& chart) {
     svg += fmt::format("<rect class='band' x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}'>"
                        "<title>{}</title></rect>\n",
                        bx0, kTop, bx1 - bx0, h, escape(b.color), escape(b.label));
-    if (bx1 - bx0 >= 7.0 * static_cast<double>(b.label.size()) + 4) {
+    // Font size 10: about 6 px a digit.
+    if (bx1 - bx0 >= 6.0 * static_cast<double>(b.label.size()) + 2) {
       svg += fmt::format("<text x='{:.1f}' y='{:.1f}' text-anchor='middle' font-size='10' "
                          "fill='#555'>{}</text>\n",
                          (bx0 + bx1) / 2, kTop + 12, escape(b.label));

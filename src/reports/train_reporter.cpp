@@ -78,6 +78,8 @@ nlohmann::json to_json(const TrainSummary& s) {
       s.seconds_to_target ? nlohmann::json(*s.seconds_to_target) : nlohmann::json();
   j["samples_to_target"] =
       s.samples_to_target ? nlohmann::json(*s.samples_to_target) : nlohmann::json();
+  // Only when a time limit ended the run (the noise run of a tune).
+  if (s.time_limit_reached) j["time_limit_reached"] = true;
   // Only on a re-emitted summary (--resume of a finished run).
   if (s.already_finished) j["already_finished"] = true;
   return j;

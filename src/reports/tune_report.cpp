@@ -116,6 +116,13 @@ void print_lengths(std::ostream& out, const TokenBudgetResult& t) {
 nlohmann::json to_json(const TuneResult& report) {
   nlohmann::json out = to_json(report.search);
   const auto finish = [&](nlohmann::json& j) {
+    // What ran where, in both shapes (a --search-only run too).
+    j["workload"] = report.workload;
+    j["device"] = report.device;
+    j["threads"] = report.threads;
+    j["capacity_bytes"] = report.capacity_bytes;
+    j["usable_bytes"] = report.usable_bytes;
+    j["margin"] = report.margin;
     j["amp"] = amp_name(report.amp);
     j["amp_reason"] = report.amp_reason;
     j["amp_confidence"] = confidence_json(report.amp_confidence);
@@ -164,12 +171,6 @@ nlohmann::json to_json(const TuneResult& report) {
                     {"flops_per_s", optional_json(r.flops_per_s)},
                     {"steps", r.steps}});
   }
-  out["workload"] = report.workload;
-  out["device"] = report.device;
-  out["threads"] = report.threads;
-  out["capacity_bytes"] = report.capacity_bytes;
-  out["usable_bytes"] = report.usable_bytes;
-  out["margin"] = report.margin;
   out["sweep"] = rows;
   if (report.tokens) out["tokens"] = tokens_json(*report.tokens);
   out["objective"] = to_string(report.objective);
@@ -465,11 +466,19 @@ std::string html_report(const TuneResult& report) {
     over_100 |= *p.utilization > 100.5;
     u.points.emplace_back(p.seconds, std::clamp(*p.utilization, 0.0, 100.0));
   }
-  for (size_t i = 0; i < report.phases.size(); ++i) {
+  for (size_t i = 0, shown = 0; i < report.phases.size(); ++i) {
     const auto& ph = report.phases[i];
-    const char* shade = ph.stage == "search"      ? (i % 2 ? "#eeeeee" : "#e2e2e2")
-                        : ph.stage == "precision" ? (i % 2 ? "#fdf2e0" : "#fae5c3")
-                                                  : (i % 2 ? "#e3effa" : "#cfe3f6");
+    // Trials of one stage at one batch in a row are one band with one label
+    // (a confirmation trial, a sweep row's repeats), not a label each.
+    if (i > 0 && ph.stage == report.phases[i - 1].stage &&
+        ph.batch_size == report.phases[i - 1].batch_size) {
+      util.bands.back().x1 = ph.end_s;
+      continue;
+    }
+    const bool odd = shown++ % 2 == 1;
+    const char* shade = ph.stage == "search"      ? (odd ? "#eeeeee" : "#e2e2e2")
+                        : ph.stage == "precision" ? (odd ? "#fdf2e0" : "#fae5c3")
+                                                  : (odd ? "#e3effa" : "#cfe3f6");
     util.bands.push_back({ph.start_s, ph.end_s, std::to_string(ph.batch_size), shade});
   }
   if (!u.points.empty()) {
@@ -496,8 +505,8 @@ std::string html_report(const TuneResult& report) {
     utilization_html =
         render_svg(util) +
         "<p class='note'>Orange bands: precision trials (fp32 and bf16 in turn); grey: search "
-        "trials; blue: sweep trials; the number is the "
-        "batch size that ran." +
+        "trials; blue: sweep trials; the number is the batch size that ran (trials of one "
+        "batch in a row share a band; hover a narrow band for its batch)." +
         (over_100 ? " Readings above 100 % are drawn at 100 %." : "") + "</p>";
   } else {
     utilization_html = fmt::format("<p class='note'>Utilization over the run: unavailable ({}).</p>",

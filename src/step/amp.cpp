@@ -7,6 +7,7 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/estimate.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/workload.h"
@@ -171,6 +172,8 @@ AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner,
   int64_t trials = 0;
   while (static_cast<int64_t>(speedups.size()) < kAmpMaxRounds) {
     if (trials++ > 0 && clock.now_s() >= options.deadline_s) break;
+    // Ctrl-C or SIGTERM: the caller stops after this phase (see interrupt.h).
+    if (interrupt_requested()) break;
     if (static_cast<int64_t>(speedups.size()) >= kAmpMinRounds) {
       const AmpChoice decided = choose_cpu_amp(speedups, batch);
       if (decided.confidence) return decided;
@@ -195,7 +198,9 @@ AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner,
     speedups.push_back(fp32.step_ms / bf16.step_ms);
   }
   AmpChoice choice = choose_cpu_amp(speedups, batch);
-  if (!choice.confidence && clock.now_s() >= options.deadline_s) {
+  if (interrupt_requested() && !choice.confidence) {
+    choice.reason += "; stopped by " + interrupt_name() + " before it could tell";
+  } else if (!choice.confidence && clock.now_s() >= options.deadline_s) {
     choice.reason += "; the precision's share of the time budget ran out";
   }
   return choice;

@@ -59,7 +59,8 @@ at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters) {
 
 int64_t NoiseScaleTracker::small_batch(int64_t step, int64_t global_batch, int64_t micro_batch) {
   if (global_batch > micro_batch) return micro_batch;
-  if (global_batch >= 2 && step % kNoiseScaleEveryWithoutAccumulation == 0) {
+  if (global_batch >= kNoiseScaleMinSplitBatch &&
+      step % kNoiseScaleEveryWithoutAccumulation == 0) {
     return global_batch / 2;
   }
   return 0;

@@ -86,12 +86,18 @@ TrialRunner::TrialRunner(TrialSubject& subject, DeviceMemory& memory, double mar
   subject_ = &subject;
 }
 
+void check_margin(double margin) {
+  if (!(margin >= 0 && margin <= kMaxMargin)) {
+    throw Error(fmt::format("--margin: must be from 0 to {:g} (the share of memory kept free), "
+                            "got {}",
+                            kMaxMargin, margin));
+  }
+}
+
 TrialRunner::TrialRunner(std::unique_ptr<TrialSubject> owned, DeviceMemory& memory,
                          double margin)
     : owned_(std::move(owned)), subject_(owned_.get()), memory_(memory), margin_(margin) {
-  if (!(margin >= 0 && margin < 1)) {
-    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", margin));
-  }
+  check_margin(margin);
   memory_.set_usable_bytes(static_cast<int64_t>(
       std::floor(static_cast<double>(memory_.capacity_bytes()) * (1 - margin_))));
 }

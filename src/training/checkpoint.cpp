@@ -4,9 +4,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
@@ -23,6 +25,7 @@
 
 #include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/file_roles.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
 
@@ -332,10 +335,42 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
                 c10::IValue(static_cast<int64_t>(crc32_of(meta_text.data(), meta_text.size()))));
   std::ostringstream bytes;
   archive.save_to(bytes);
+  // The exports first, the checkpoint last: a checkpoint on disk implies
+  // exports of its step (or, after a kill between them, of the next one,
+  // which a resume rewrites).
+  write_model_exports(dir, target.model);
   write_file_atomically(dir + "/" + kCheckpointFile, bytes.str());
+}
+
+CheckpointLock::CheckpointLock(const std::string& dir) {
+  const std::string path = dir + "/checkpoint.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw Error(fmt::format("--checkpoint {}: cannot open {} ({}); check the folder is writable",
+                            dir, path, std::strerror(errno)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (error == EWOULDBLOCK) {
+      throw Error(fmt::format("--checkpoint {}: another run is writing checkpoints there; wait "
+                              "for it to end, or give another folder",
+                              dir));
+    }
+    throw Error(fmt::format("--checkpoint {}: cannot lock {} ({})", dir, path,
+                            std::strerror(error)));
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
+void write_model_exports(const std::string& dir, Model& model) {
   // What users load: the weights by name, and a TorchScript model as one.
-  write_file_atomically(dir + "/" + kModelStateFile, state_dict_bytes(target.model));
-  if (auto script = target.model.torchscript_bytes()) {
+  write_file_atomically(dir + "/" + kModelStateFile, state_dict_bytes(model));
+  if (auto script = model.torchscript_bytes()) {
     write_file_atomically(dir + "/" + kModelScriptFile, *script);
   }
 }
@@ -360,6 +395,7 @@ nlohmann::json load_checked_meta(const std::string& path,
                                  torch::serialize::InputArchive& archive) {
   const auto not_ours = [&](const std::string& why) { return not_a_checkpoint(path, why); };
   nlohmann::json meta;
+  check_input_file(path, "--resume");  // a FIFO would block the open
   try {
     archive.load_from(path, c10::Device(c10::kCPU));
   } catch (const std::exception& e) {

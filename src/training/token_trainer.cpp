@@ -82,8 +82,15 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   std::optional<LengthBucketSampler> sampler;
   if (!fixed) sampler.emplace(lengths, plan.length_buckets, plan.token_budget, options.seed());
   int64_t budget = fixed ? options.fixed_batch_size() * pad_to : plan.token_budget;
-  const int64_t target_tokens = options.target_tokens() > 0 ? options.target_tokens() : budget;
-  if (target_tokens < 1) throw Error("--target-tokens: must be at least 1");
+  if (options.target_tokens() < 0) {
+    throw Error(fmt::format("--target-tokens: must be at least 1, got {}", options.target_tokens()));
+  }
+  // Fixed batches without a token target: the plan's micro-batches per step
+  // (one for --batch-size), never more on account of their padding.
+  const int64_t group_size =
+      fixed && options.target_tokens() == 0 ? std::max<int64_t>(1, plan.accumulation_steps) : 0;
+  const int64_t target_tokens =
+      options.target_tokens() > 0 ? options.target_tokens() : group_size > 0 ? 0 : budget;
   if (const auto& target = options.target_loss()) {
     if (!(std::isfinite(*target) && *target > 0)) {
       throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}", *target));
@@ -115,7 +122,9 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
       // One optimizer step: micro-batches until they hold the target tokens.
       std::vector<TokenBatch> group;
       int64_t group_tokens = 0;
-      while (next < micro.size() && group_tokens < target_tokens) {
+      while (next < micro.size() &&
+             (group_size > 0 ? static_cast<int64_t>(group.size()) < group_size
+                             : group_tokens < target_tokens)) {
         group_tokens += micro[next].tokens;
         group.push_back(micro[next++]);
       }
@@ -249,9 +258,9 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   summary.tokens_per_s =
       summary.seconds > 0 ? static_cast<double>(summary.tokens) / summary.seconds : 0;
   summary.token_budget = fixed ? 0 : budget;
-  summary.target_tokens = target_tokens;  // fixed batches accumulate to one batch's padded tokens too
+  summary.target_tokens = target_tokens;  // 0: fixed batches, a set count a step
   summary.micro_batch_size = fixed ? options.fixed_batch_size() : plan.micro_batch_size;
-  summary.accumulation_steps = 1;
+  summary.accumulation_steps = group_size > 0 ? group_size : 1;
   summary.global_batch_size = summary.steps > 0 ? summary.samples / summary.steps : 0;
   return summary;
 }

@@ -303,9 +303,17 @@ TrainSummary Trainer::run() {
                        "train; its summary follows",
                        options_.checkpoint_dir(), step_, total_steps_,
                        at_target ? ", stopped at its target" : ""));
+      // Exports a kill cut short before the last checkpoint are made again
+      // from the weights it holds.
+      if (data_parallel_.rank() == 0) write_model_exports(options_.checkpoint_dir(), workload_.model());
       TrainSummary s = *finished;
       s.already_finished = true;
       return s;
+    }
+    if (!loaded_) {
+      emit(TrainEvent::Kind::kResumed,
+           fmt::format("no checkpoint in {} yet: --resume starts the run afresh",
+                       options_.checkpoint_dir()));
     }
     if (loaded_) {
       resumed_from_step_ = step_;
@@ -350,6 +358,7 @@ TrainSummary Trainer::run() {
           .first_batch(step_)
           .seed(options_.seed()));
 
+  bool time_limit_reached = false;
   while (step_ < total_steps_) {
     const double start = clock_->now_s();
     if (before_step_) before_step_(step_);
@@ -408,9 +417,17 @@ TrainSummary Trainer::run() {
                           ? data_parallel_.sum(interrupt_requested() ? 1 : 0) > 0
                           : interrupt_requested();
     if (stop || reached) break;
+    if (options_.time_limit_s() > 0 && step_ < total_steps_) {
+      // As with signals, the ranks stop after the same step.
+      const bool out_of_time = train_seconds_ >= options_.time_limit_s();
+      time_limit_reached = data_parallel_.distributed()
+                               ? data_parallel_.sum(out_of_time ? 1 : 0) > 0
+                               : out_of_time;
+      if (time_limit_reached) break;
+    }
   }
   settle_clock();
-  const bool complete = step_ >= total_steps_ || reached_.has_value();
+  const bool complete = step_ >= total_steps_ || reached_.has_value() || time_limit_reached;
   if (last_loss_tensor_.defined()) last_loss_ = last_loss_tensor_.item<double>();
   // An interrupted run skips the final evaluation: the user asked to stop.
   if (complete && test_ != nullptr && test_accuracy_step_ != step_) {
@@ -437,6 +454,7 @@ TrainSummary Trainer::run() {
       train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
   s.resumed_from_step = resumed_from_step_;
   s.complete = complete;
+  s.time_limit_reached = time_limit_reached;
   if (!complete) {
     s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
   }

@@ -21,7 +21,8 @@ namespace batchtune {
 
 NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memory,
                                           const Dataset& data, int64_t micro_batch, double lr,
-                                          int64_t steps, uint64_t seed) {
+                                          int64_t steps, uint64_t seed, double time_limit_s,
+                                          const Clock* clock) {
   TORCH_CHECK(micro_batch >= 1 && steps >= 1, "measure_noise_scale: need a micro-batch and steps");
   // Never a logical batch larger than the data.
   const int64_t micro = std::min(micro_batch, data.size() / kNoiseRunAccumulation);
@@ -43,8 +44,10 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
   TrainingSnapshot snapshot(workload.model(), optimizer);
   const auto start = std::chrono::steady_clock::now();
   {
-    Trainer trainer(workload, memory, plan, data, nullptr,
-                    TrainOptions().steps(steps).seed(seed).log_every(0));
+    Trainer trainer(
+        workload, memory, plan, data, nullptr,
+        TrainOptions().steps(steps).seed(seed).log_every(0).time_limit_s(time_limit_s));
+    if (clock != nullptr) trainer.set_clock(*clock);
     const TrainSummary summary = trainer.run();
     out.steps = summary.steps;
     out.noise_scale = summary.noise_scale;

@@ -133,7 +133,7 @@ void apply_energy(TuneResult& result, double eta, const std::string& sampler_rea
 /// For `goodput`: the noise scale measured on `data` near the throughput
 /// choice, the candidates and the choice; returns the global batch to plan.
 int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& workload,
-                      DeviceMemory& memory, const Dataset& data) {
+                      DeviceMemory& memory, const Dataset& data, double seconds) {
   int64_t largest = 0;
   int64_t smallest = result.sweep.front().batch_size;
   for (const auto& row : result.sweep) {
@@ -144,8 +144,9 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& 
       std::min(std::max(result.selection.batch_size, std::min(kNoiseRunMinMicroBatch, largest)),
                kNoiseRunMaxMicroBatch);
   const double lr = options.plan().base_lr.value_or(workload.options().lr());
+  // The run stops at its share of the budget, as the phase line promises.
   result.noise = measure_noise_scale(workload, memory, data, micro, lr, options.noise_steps(),
-                                     options.seed());
+                                     options.seed(), std::max(seconds, 1e-9), options.clock());
   result.noise_data = data.describe();
   // B0: the batch the lr belongs to, as the plan scales it; else the
   // smallest measured.
@@ -496,7 +497,7 @@ class Pipeline {
       reporter_.phase_started(TunePhase::kNoise,
                               fmt::format("noise scale: training {} steps on {} (at most {:.0f} s)",
                                           options_.noise_steps(), data->describe(), seconds));
-      goodput_global_batch_ = apply_goodput(r, options_, *workload_, memory_, *data);
+      goodput_global_batch_ = apply_goodput(r, options_, *workload_, memory_, *data, seconds);
       end_phase(TunePhase::kNoise);
       check_stop();
     }
@@ -627,7 +628,9 @@ class Pipeline {
     monitor->stop();
     const double start = monitor_start_s_;
     for (const auto& sample : monitor->samples()) {
-      if (sample.device == r.device) {
+      // Readings from before the tune began (the monitor may have started
+      // earlier) would put the timeline's start below 0.
+      if (sample.device == r.device && sample.time_s >= start) {
         r.timeline.push_back({sample.time_s - start, sample.utilization_percent});
       }
     }
@@ -677,9 +680,7 @@ void validate(const TuneOptions& options) {
     throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
                             options.search().max_batch()));
   }
-  if (!(options.margin() >= 0 && options.margin() < 1)) {
-    throw Error(fmt::format("--margin: must be at least 0 and below 1, got {}", options.margin()));
-  }
+  check_margin(options.margin());
   if (!(options.time_budget_s() >= kMinTimeBudgetSeconds)) {
     throw Error(fmt::format("--time-budget: must be at least {:.0f} s, got {}; a tune needs time "
                             "for its precision, search and sweep",

@@ -36,6 +36,9 @@ class Dataset {
   /// Unreadable files skipped so far (`--skip-bad-samples`); 0 where there
   /// are no files.
   virtual int64_t skipped_samples() const { return 0; }
+  /// Classes every one of whose samples was skipped so far: the model never
+  /// saw them, which a run must not pass over in silence.
+  virtual std::vector<std::string> unreadable_classes() const { return {}; }
   /// Made-up samples, costing nothing to load: no input pipeline to tune.
   virtual bool synthetic() const { return false; }
   /// Per-sample input shape (no batch dimension).

@@ -69,6 +69,7 @@ class ImageFolderDataset final : public Dataset {
   int64_t label(int64_t index) const { return labels_.at(static_cast<size_t>(index)); }
   /// The files skipped so far, in name order.
   std::vector<std::string> skipped_files() const;
+  std::vector<std::string> unreadable_classes() const override;
 
  private:
   Batch build(const std::vector<int64_t>& indices, bool augment, uint64_t draw) const;

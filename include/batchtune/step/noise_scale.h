@@ -26,6 +26,10 @@ constexpr size_t kMaxPendingNoiseMeasurements = 64;
 /// not FLOPs, dominate), so one in 10 slowed an MLP on Fashion-MNIST by
 /// ~10 %; one in 50 keeps it near 2 % (`bench/train_overhead`).
 constexpr int64_t kNoiseScaleEveryWithoutAccumulation = 50;
+/// The smallest logical batch split in two without accumulation: halves of
+/// at least 2 samples, since a batch of 1 through BatchNorm in training
+/// fails where the step itself ran (resnet18 at 32x32 and below).
+constexpr int64_t kNoiseScaleMinSplitBatch = 4;
 
 struct NoiseScaleOptions {
   /// EMA decay of |G|² and tr(Σ), each before the ratio is taken.
@@ -95,7 +99,8 @@ class NoiseScaleTracker {
   /// The batch whose gradient to measure first on optimizer step `step`
   /// (from 0), or 0 for a step that measures nothing: the first micro-batch
   /// when there is accumulation (every step: it is free), else half the
-  /// logical batch every `kNoiseScaleEveryWithoutAccumulation` steps.
+  /// logical batch every `kNoiseScaleEveryWithoutAccumulation` steps (from
+  /// `kNoiseScaleMinSplitBatch` samples).
   static int64_t small_batch(int64_t step, int64_t global_batch, int64_t micro_batch);
 
   /// Queues one measurement; squared norms are scalars on the device,

@@ -32,6 +32,14 @@ using BatchSource = std::function<Batch(int64_t batch_size)>;
 /// 10 %, for allocator fragmentation and for memory that grows after the
 /// probe (longer batches, checkpoints, a second optimizer state).
 constexpr double kDefaultMargin = 0.10;
+/// The margin at most: a tenth of the memory left usable. Past it the
+/// usable memory is too small to say anything about the device (0.999999999
+/// left a few bytes, and the model itself then ran out of memory).
+constexpr double kMaxMargin = 0.9;
+
+/// Checks a margin given by the user: from 0 to `kMaxMargin`. Throws
+/// `batchtune::Error` naming --margin.
+void check_margin(double margin);
 
 /// Timed steps of a calibrated trial at most (`TrialOptions::max_steps`):
 /// google/benchmark caps its iterations too; a sub-microsecond step would

@@ -67,7 +67,7 @@ struct CheckpointTarget {
 /// Writes `dir/checkpoint.pt` (atomically; `dir` is made if missing): the
 /// model's parameters and buffers by name, the optimizer's state, the loss
 /// scaler, the default CPU generator and `record`, each tensor with a CRC-32
-/// of its bytes. Also writes `dir/model.pt`, the trained weights as a
+/// of its bytes. First writes `dir/model.pt`, the trained weights as a
 /// `{name: tensor}` dict in the format of `torch.save`, and for a TorchScript
 /// model `dir/model.torchscript.pt`; removes temporary files that a killed
 /// run left there. Throws `batchtune::Error` naming the file.
@@ -78,6 +78,11 @@ struct CheckpointTarget {
 /// ```
 void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
                       const CheckpointRecord& record);
+
+/// Writes `dir/model.pt` and, for a TorchScript model,
+/// `dir/model.torchscript.pt` from `model` (atomically), as
+/// `write_checkpoint` does before the checkpoint itself.
+void write_model_exports(const std::string& dir, Model& model);
 
 /// Reads `dir/checkpoint.pt` into `target` when there is one (nullopt when
 /// not): refuses a file whose bytes do not match their checksums, one that is
@@ -101,6 +106,21 @@ void check_same_run(const RunIdentity& saved, const RunIdentity& expected,
 /// Removes `dir`'s temporary files of checkpoint writes (`checkpoint.pt.tmp.PID`,
 /// `model.pt.tmp.PID`...) whose writer is no longer running. Returns how many.
 int remove_stale_checkpoint_files(const std::string& dir);
+
+/// Holds `dir/checkpoint.lock` (an advisory `flock`) while one run writes
+/// `dir`, so that a second run given the same folder stops at once instead
+/// of interleaving checkpoints; the kernel releases it when the process ends,
+/// however it ends. Throws `batchtune::Error` naming the folder.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& dir);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 /// CRC-32 (the zlib / PNG polynomial) of `size` bytes.
 uint32_t crc32_of(const void* data, size_t size, uint32_t crc = 0);

@@ -25,7 +25,9 @@ struct TokenTrainOptions {
   /// Seeds each epoch's shuffle (with the epoch).
   TORCH_ARG(uint64_t, seed) = 0;
   /// Real tokens per optimizer step, reached by accumulating micro-batches;
-  /// 0 for the plan's token budget (about one full micro-batch a step).
+  /// 0 for the plan's token budget (about one full micro-batch a step), or
+  /// with `fixed_batch_size` for the plan's accumulation steps (micro-batches
+  /// a step, however padded).
   TORCH_ARG(int64_t, target_tokens) = 0;
   /// A log event every this many optimizer steps; 0 for none.
   TORCH_ARG(int64_t, log_every) = 0;

@@ -50,6 +50,10 @@ struct TrainOptions {
   /// Stop as soon as an evaluation reaches this test accuracy, a fraction in
   /// (0, 1]; needs a test split. nullopt trains the steps or epochs out.
   TORCH_ARG(std::optional<double>, target_accuracy) = std::nullopt;
+  /// Stop after the optimizer step at which this many seconds of training
+  /// time (read from the trainer's clock) have passed; 0 for no limit. A run
+  /// so stopped is complete, with `time_limit_reached` set.
+  TORCH_ARG(double, time_limit_s) = 0.0;
 };
 
 /// A goal that ends training early: `metric` reaching `value`.
@@ -70,7 +74,7 @@ struct TrainEvent {
     kTargetReached,  ///< the target was reached: training stops; `message` says so
     kOomRecovery,  ///< out of memory: the micro-batch was halved; `message` says so
     kCheckpoint,   ///< a checkpoint was written; `message` names it
-    kResumed,      ///< the run continues from a checkpoint
+    kResumed,      ///< the run continues from a checkpoint (or, with none yet, starts afresh)
   };
   Kind kind = Kind::kProgress;
   int64_t step = 0;         ///< optimizer steps done
@@ -145,6 +149,8 @@ struct TrainSummary {
   std::optional<TrainTarget> target;
   /// True when the run stopped at `target` (then `complete` too).
   bool target_reached = false;
+  /// True when `TrainOptions::time_limit_s` ended the run before its steps.
+  bool time_limit_reached = false;
   /// Where the target was reached (nullopt without a target or when not
   /// reached): optimizer steps and samples, resumed ones included, and the
   /// training seconds of this run, evaluation excluded, as `seconds`.

@@ -6,6 +6,7 @@
 
 namespace batchtune {
 
+class Clock;
 class Dataset;
 class DeviceMemory;
 class Workload;
@@ -35,12 +36,15 @@ constexpr int64_t kNoiseRunAccumulation = 4;
 
 /// Trains `workload` on `data` for `steps` optimizer steps with micro-batch
 /// `micro_batch` × `kNoiseRunAccumulation` and the learning rate `lr`, and
-/// reads the noise scale the loop measured. The model, its optimizer state
+/// reads the noise scale the loop measured. With `time_limit_s` > 0 it stops
+/// after the step at which that much training time has passed on `clock`
+/// (`steps` then says how many ran). The model, its optimizer state
 /// and the random generator are put back afterwards (a tune leaves no
 /// trace). Throws `batchtune::Error` when the data is too small.
 NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memory,
                                           const Dataset& data, int64_t micro_batch, double lr,
                                           int64_t steps = kDefaultNoiseRunSteps,
-                                          uint64_t seed = 0);
+                                          uint64_t seed = 0, double time_limit_s = 0,
+                                          const Clock* clock = nullptr);
 
 }  // namespace batchtune
