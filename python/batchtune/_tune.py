@@ -223,7 +223,7 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
         print(r.fits, r.peak_bytes, r.samples_per_s, r.error)
     """
     _check_callables(model, optimizer, loss_fn, make_batch)
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     with _measured_device(dev, memory_limit, model, optimizer) as memory:
         subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp)
         runner = Runner(subject, memory, margin)
@@ -257,7 +257,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         loss_fn: `loss_fn(model, batch)` → the scalar loss (your forward).
         make_batch: `make_batch(n)` → a batch of `n` samples (tensor, tuple or
             dict), the heaviest the training will see.
-        device: "cpu", "cuda", "cuda:N", or None for CUDA when there is one.
+        device: "cpu", "cuda", "cuda:N", or None: the GPU the model is on, else
+            with CUDA this process's GPU (`LOCAL_RANK`'s under torchrun, else
+            the current device), else the CPU.
         amp: "auto" (bf16 or fp16 on CUDA by capability; on the CPU bf16 only
             when a measured step is 10 % faster), "off", "bf16", "fp16".
         objective: "throughput" (the smallest batch within `tolerance` of the
@@ -304,7 +306,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
     if not (time_budget > 0):
         raise _core.Error(f"time_budget: must be positive seconds, got {time_budget}")
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     lr = base_lr if base_lr is not None else float(optimizer.param_groups[0]["lr"])
     try:
         options = _core.TuneOptions(
