@@ -28,6 +28,9 @@ struct FakeDeviceState {
   int synchronized = 0;
   int peak_resets = 0;
   int64_t used_growth_per_sync = 0;  ///< memory outside the allocator appearing per step
+  int current_device = 0;   ///< the thread's current device
+  int cache_empties = 0;
+  bool restored_without_context = false;  ///< the last set_current_device was a restore
 };
 
 class FakeCudaDevice final : public CudaDeviceApi {
@@ -41,12 +44,19 @@ class FakeCudaDevice final : public CudaDeviceApi {
     state_.fraction = fraction;
     ++state_.fraction_sets;
   }
+  double memory_fraction() const override { return state_.fraction < 0 ? 1.0 : state_.fraction; }
+  int current_device() const override { return state_.current_device; }
+  void set_current_device(int index, bool restore) override {
+    state_.current_device = index;
+    state_.restored_without_context = restore;
+  }
   void reset_peak_stats() override {
     ++state_.peak_resets;
     state_.stats.reserved_peak = state_.stats.reserved_current;
     state_.stats.allocated_peak = state_.stats.allocated_current;
   }
   void empty_cache() override {
+    ++state_.cache_empties;
     state_.used -= state_.stats.reserved_current - state_.stats.allocated_current;
     state_.stats.reserved_current = state_.stats.allocated_current;
   }
@@ -135,24 +145,108 @@ TEST(CachingAllocatorMemory, PeakCountsTheAllocatorAndTheHighestOutsideMemory) {
   EXPECT_NEAR(cap_before - cap_bytes(state), 100 * kMiB, 1.0);
 }
 
-TEST(CachingAllocatorMemory, TheOutsideBaselineIsFrozenAfterTheFirstTrialSoTheCapHolds) {
+/// One step as the trial runner brackets it: synchronize, the step,
+/// synchronize. `outside` MiB appear outside the allocator during it.
+void fake_step(DeviceMemory& memory, FakeDeviceState& state, int64_t outside) {
+  memory.synchronize();
+  state.used += outside;
+  memory.synchronize();
+}
+
+TEST(CachingAllocatorMemory, TheOutsideBaselineIsFrozenAfterTheFirstStepSoTheCapHolds) {
+  FakeDeviceState state;
+  state.used = 500 * kMiB;
+  auto memory = fake_memory(state, 8 * kGiB);
+  const int64_t cold_cap = cap_bytes(state);
+  memory->reset_peak();
+  const int empties = state.cache_empties;
+  fake_step(*memory, state, 300 * kMiB);  // the first step loads kernels and handles
+  // The cap follows once, at the end of the first step, and the blocks that
+  // step cached under the larger cap go back.
+  const int64_t cap = cap_bytes(state);
+  EXPECT_NEAR(cold_cap - cap, 300 * kMiB, 1.0);
+  EXPECT_EQ(state.cache_empties, empties + 1);
+  for (int trial = 0; trial < 3; ++trial) {
+    memory->reset_peak();
+    state.used += 20 * kMiB;  // later trials leave a little behind
+    fake_step(*memory, state, 0);
+    EXPECT_EQ(cap_bytes(state), cap) << "trial " << trial << ": the cap no longer moves";
+  }
+  EXPECT_EQ(state.cache_empties, empties + 1);  // frozen once
+  // What grew since still counts in a trial's peak.
+  EXPECT_EQ(memory->peak_bytes(), 800 * kMiB + 60 * kMiB);
+}
+
+TEST(CachingAllocatorMemory, AFreshProbeGetsTheCapTheSearchHad) {
+  // A search, then a probe of its answer in a fresh memory object (the CLI's
+  // probe, a new Python process): both freeze after their first step, so
+  // the steps that are timed and checked run under one cap, whatever the
+  // first trial's batch.
+  FakeDeviceState search_state;
+  search_state.used = 500 * kMiB;
+  auto search = fake_memory(search_state, 16 * kGiB);
+  search->reset_peak();
+  fake_step(*search, search_state, 250 * kMiB);  // batch 1: kernels load
+  search->reset_peak();
+  fake_step(*search, search_state, 0);           // the boundary's trial
+  const int64_t search_cap = cap_bytes(search_state);
+
+  FakeDeviceState probe_state;
+  probe_state.used = 500 * kMiB;
+  auto probe = fake_memory(probe_state, 16 * kGiB);
+  probe->reset_peak();
+  EXPECT_GT(cap_bytes(probe_state), search_cap);  // before any step: the cold cap
+  fake_step(*probe, probe_state, 250 * kMiB);
+  EXPECT_EQ(cap_bytes(probe_state), search_cap);
+}
+
+TEST(CachingAllocatorMemory, ReservedAboveTheCapIsOverBudgetWhateverTheHeadroomLeft) {
   FakeDeviceState state;
   state.used = 500 * kMiB;
   auto memory = fake_memory(state, 8 * kGiB);
   memory->reset_peak();
-  state.used += 300 * kMiB;  // the first trial loads kernels and handles
-  memory->synchronize();
-  memory->reset_peak();      // the second trial: the baseline follows, once
+  fake_step(*memory, state, 0);
   const int64_t cap = cap_bytes(state);
-  for (int trial = 0; trial < 3; ++trial) {
-    state.used += 20 * kMiB;  // later trials leave a little behind
-    memory->synchronize();
-    memory->reset_peak();
-    EXPECT_EQ(cap_bytes(state), cap) << "trial " << trial << ": the cap no longer moves";
-  }
-  // What grew since still counts in a trial's peak.
+  memory->reset_peak();
+  // The allocator held 100 MiB above its cap (blocks kept from before the
+  // cap was set) while nothing grew outside: peak <= usable, yet over.
+  state.stats.reserved_current = cap + 100 * kMiB;
+  state.stats.reserved_peak = cap + 100 * kMiB;
+  state.used += cap + 100 * kMiB;
   memory->synchronize();
-  EXPECT_EQ(memory->peak_bytes(), 800 * kMiB + 60 * kMiB);
+  EXPECT_LE(memory->peak_bytes(), memory->usable_bytes());
+  EXPECT_NEAR(static_cast<double>(memory->over_budget_bytes()), 100.0 * kMiB, 1.0 * kMiB);
+  // Within the cap, and outside growth within the headroom: not over.
+  state.used -= state.stats.reserved_current;
+  state.stats.reserved_current = cap - kMiB;
+  state.used += state.stats.reserved_current;
+  memory->reset_peak();
+  state.used += 200 * kMiB;
+  memory->synchronize();
+  EXPECT_EQ(memory->over_budget_bytes(), 0);
+  // Outside growth past the headroom is over by what it passed it by.
+  state.used += 100 * kMiB;
+  memory->synchronize();
+  EXPECT_EQ(memory->over_budget_bytes(), 300 * kMiB - kCudaOutsideGrowthBytes);
+}
+
+TEST(CachingAllocatorMemory, PutsBackTheCapAndTheCurrentDeviceItFound) {
+  FakeDeviceState state;
+  state.current_device = 0;
+  {
+    auto memory = fake_memory(state, 8 * kGiB, 2);
+    EXPECT_EQ(state.current_device, 2);  // the tuned device is current while it lives
+    EXPECT_FALSE(state.restored_without_context);
+    EXPECT_LT(state.fraction, 0.2);      // capped at 8 of 80 GiB
+  }
+  EXPECT_EQ(state.fraction, 1.0);  // no cap, as before
+  EXPECT_EQ(state.current_device, 0);
+  EXPECT_TRUE(state.restored_without_context);  // no context made on device 0
+
+  // A cap the user had set stays theirs.
+  state.fraction = 0.5;
+  { auto memory = fake_memory(state, 4 * kGiB, 0); }
+  EXPECT_EQ(state.fraction, 0.5);
 }
 
 TEST(CachingAllocatorMemory, ReportsTheAllocatorsOutOfMemoryCounter) {

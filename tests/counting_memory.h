@@ -24,6 +24,7 @@ class CountingMemory final : public DeviceMemory {
   int64_t live_bytes() const override { return inner_->live_bytes(); }
   int64_t peak_bytes() const override { return inner_->peak_bytes(); }
   void reset_peak() override { inner_->reset_peak(); }
+  int64_t over_budget_bytes() const override { return inner_->over_budget_bytes(); }
   int64_t oom_count() const override { return ooms_; }
   void release_cached() override { inner_->release_cached(); }
   void synchronize() override { inner_->synchronize(); }

@@ -43,6 +43,7 @@ namespace {
 
 constexpr int64_t kMemoryLimit = int64_t{1} << 30;
 constexpr int64_t kWorkerTimeoutMs = 10000;
+constexpr int64_t kMiB = int64_t{1} << 20;
 
 using testing::toy_data;
 
@@ -271,6 +272,98 @@ TEST(DataParallel, OneProcessNeedsNoCommunicator) {
   EXPECT_EQ(dp.sum(5), 5);
   const auto outcome = dp.share_step(true, at::Tensor(), c10::Device(c10::kCPU));
   EXPECT_TRUE(outcome.out_of_memory);
+}
+
+/// Rank 0 of two, the other rank scripted: its status in the agreement
+/// before the gradients (0 ready, 1 no room for the buckets, 2 no room for
+/// its gradients) and gradients equal to this rank's.
+class ScriptedPeer final : public Communicator {
+ public:
+  explicit ScriptedPeer(int peer_status) : peer_status_(peer_status) {}
+  int64_t rank() const override { return 0; }
+  int64_t world_size() const override { return 2; }
+  std::string backend() const override { return "scripted"; }
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  void all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    calls.push_back(op == ReduceOp::kMax ? "agree" : "in place");
+    if (op == ReduceOp::kMax) {
+      tensor.clamp_min_(peer_status_);
+    } else {
+      tensor.mul_(2);
+    }
+  }
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(at::Tensor& tensor) override {
+    calls.push_back("bucket");
+    tensor.mul_(2);
+    struct Done final : PendingCollective {
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
+  void broadcast(std::vector<at::Tensor>&, int64_t) override {}
+  void report_failure(const std::string&) override {}
+  std::vector<std::string> calls;
+
+ private:
+  int peer_status_;
+};
+
+/// Two parameters with gradients 1..n, made under `memory`'s budget.
+std::vector<at::Tensor> graded_parameters() {
+  std::vector<at::Tensor> params = {torch::zeros({256, 256}).requires_grad_(),
+                                    torch::zeros({256}).requires_grad_()};
+  for (auto& p : params) p.mutable_grad() = torch::arange(p.numel()).to(torch::kFloat).view_as(p);
+  return params;
+}
+
+TEST(DataParallel, AveragingAgreesBeforeSendingAndFallsBackInPlace) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  {  // Every rank ready: one agreement, then the buckets.
+    ScriptedPeer peer(0);
+    DataParallel dp(&peer);
+    auto params = graded_parameters();
+    dp.average_gradients(params, memory.get());
+    EXPECT_EQ(peer.calls, (std::vector<std::string>{"agree", "bucket"}));
+    EXPECT_EQ(params[0].grad()[1][3].item<float>(), 256 + 3);  // (g + g) / 2
+    EXPECT_EQ(dp.in_place_averages(), 0);
+  }
+  {  // The other rank had no room for its buckets: in place, gradient by gradient.
+    ScriptedPeer peer(1);
+    DataParallel dp(&peer);
+    auto params = graded_parameters();
+    dp.average_gradients(params, memory.get());
+    EXPECT_EQ(peer.calls, (std::vector<std::string>{"agree", "in place", "in place"}));
+    EXPECT_EQ(params[0].grad()[1][3].item<float>(), 256 + 3);
+    EXPECT_EQ(params[1].grad()[7].item<float>(), 7);
+    EXPECT_EQ(dp.in_place_averages(), 1);
+  }
+  {  // The other rank could not make its gradients: this rank stops too, at once.
+    ScriptedPeer peer(2);
+    DataParallel dp(&peer);
+    auto params = graded_parameters();
+    const std::string error = testing::error_of([&] { dp.average_gradients(params, memory.get()); });
+    EXPECT_NE(error.find("out of memory making the gradients to average (on another rank)"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(peer.calls, (std::vector<std::string>{"agree"}));
+  }
+}
+
+TEST(DataParallel, NoRoomForTheBucketsOnThisRankMakesEveryRankAverageInPlace) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  auto params = graded_parameters();
+  // Room for the agreement, not for a 257 KiB copy of the gradients.
+  memory->release_cached();
+  memory->set_usable_bytes(memory->live_bytes() + 64 * 1024);
+  const int64_t ooms = memory->oom_count();
+  ScriptedPeer peer(0);
+  DataParallel dp(&peer);
+  dp.average_gradients(params, memory.get());
+  memory->set_usable_bytes(memory->capacity_bytes());
+  EXPECT_GT(memory->oom_count(), ooms);
+  EXPECT_EQ(peer.calls, (std::vector<std::string>{"agree", "in place", "in place"}));
+  EXPECT_EQ(params[0].grad()[1][3].item<float>(), 256 + 3);
+  EXPECT_EQ(dp.in_place_averages(), 1);
 }
 
 TEST(DataParallel, APlanForTwoProcessesNeedsTwo) {

@@ -6,6 +6,7 @@
 #include "cli_runner.h"
 
 #include "batchtune/common/error.h"
+#include "fake_clock.h"
 #include "fake_sampler.h"
 #include "test_helpers.h"
 
@@ -41,6 +42,42 @@ TEST(Energy, TrialEnergyFromTheCounterElsePowerTimesTime) {
   power.mean_power_watts = 40;
   EXPECT_DOUBLE_EQ(*trial_energy_joules(power, 2, 4), 80);
   EXPECT_FALSE(trial_energy_joules(SampleSummary{}, 2, 4).has_value());
+}
+
+TEST(Energy, ATrialsReadingsCoverItsTimedStepsOnly) {
+  // Samples every 0.2 s from 0.2 to 4.0 s on the monitor's clock: the GPU
+  // idles (snapshot, batch, warm-up, restore) except from 2.0 to 3.0 s,
+  // where the timed steps ran at 96 %; the energy counter gains 300 J/s
+  // busy and 60 J/s idle.
+  testing::FakeClock clock;
+  std::vector<std::vector<Sample>> script;
+  double joules = 0;
+  for (int i = 1; i <= 20; ++i) {
+    const double t = 0.2 * i;
+    const bool busy = t > 2.0 + 1e-9 && t <= 3.0 + 1e-9;
+    joules += (busy ? 300 : 60) * 0.2;
+    script.push_back({make_sample("cuda:0", busy ? 96.0 : 5.0, std::nullopt, std::nullopt, joules)});
+  }
+  Monitor monitor(std::make_unique<testing::FakeSampler>(clock, script),
+                  MonitorOptions().interval_ms(200).rounds(20), clock);
+  monitor.wait();
+  TrialResult trial;
+  // On the runner's clock, 100 s behind the monitor's.
+  trial.timed_from_s = 2.05 - 100;
+  trial.timed_to_s = 3.05 - 100;
+  trial.step_seconds = {0.5, 0.5};
+  attach_readings(monitor, "cuda:0", 100, trial);
+  ASSERT_TRUE(trial.utilization.has_value());
+  EXPECT_DOUBLE_EQ(*trial.utilization, 96.0);  // the whole trial's mean would be 28.7
+  ASSERT_TRUE(trial.energy_joules.has_value());
+  // The counter's growth between the window's first and last samples (2.2
+  // and 3.0 s), all of it timed: no idle joules in it.
+  EXPECT_NEAR(*trial.energy_joules, 300.0 * 0.8, 1e-6);
+
+  TrialResult untimed;  // no timed step: no reading, not the whole window's
+  attach_readings(monitor, "cuda:0", 100, untimed);
+  EXPECT_FALSE(untimed.utilization.has_value());
+  EXPECT_FALSE(untimed.energy_joules.has_value());
 }
 
 TEST(Energy, ZeusCostChoosesBetweenEnergyAndTimeByEta) {

@@ -14,6 +14,7 @@
 #include "batchtune/common/error.h"
 #include "fake_clock.h"
 #include "common/shared_library.h"
+#include "monitoring/nvml_memory.h"
 
 namespace {
 
@@ -192,3 +193,53 @@ TEST(MakeSampler, ReadsTheGpu_CUDA) {
 }
 
 }  // namespace
+
+namespace batchtune {
+namespace {
+
+constexpr unsigned long long kGiB = 1ULL << 30;
+
+// What a driver from R510 answers: version 2 without the driver's reserved
+// memory in `used`, version 1 with it.
+nvml::Return v2_answers(nvml::Device, nvml::MemoryV2* memory) {
+  if (memory->version != nvml::kMemoryV2Version) return nvml::kErrorArgumentVersionMismatch;
+  memory->total = 141 * kGiB;
+  memory->reserved = kGiB / 2;
+  memory->used = 10 * kGiB;
+  memory->free = memory->total - memory->reserved - memory->used;
+  return nvml::kSuccess;
+}
+nvml::Return v2_refuses(nvml::Device, nvml::MemoryV2*) {
+  return nvml::kErrorArgumentVersionMismatch;
+}
+nvml::Return v2_fails(nvml::Device, nvml::MemoryV2*) { return 999; }
+nvml::Return v1_answers(nvml::Device, nvml::Memory* memory) {
+  memory->total = 141 * kGiB;
+  memory->used = 10 * kGiB + kGiB / 2;
+  memory->free = memory->total - memory->used;
+  return nvml::kSuccess;
+}
+
+TEST(NvmlMemory, UsedIsVersion2sWhereTheDriverHasIt) {
+  EXPECT_EQ(nvml::kMemoryV2Version, 0x02000028U);  // NVML_STRUCT_VERSION(Memory, 2)
+  NvmlMemoryReading r;
+  ASSERT_EQ(read_nvml_memory(nullptr, v2_answers, v1_answers, &r), nvml::kSuccess);
+  EXPECT_EQ(r.used, static_cast<int64_t>(10 * kGiB));  // as nvidia-smi shows it
+  EXPECT_EQ(r.free, static_cast<int64_t>(141 * kGiB - 10 * kGiB - kGiB / 2));
+}
+
+TEST(NvmlMemory, FallsBackToVersion1WhereVersion2IsMissingOrRefused) {
+  NvmlMemoryReading r;
+  ASSERT_EQ(read_nvml_memory(nullptr, nullptr, v1_answers, &r), nvml::kSuccess);
+  EXPECT_EQ(r.used, static_cast<int64_t>(10 * kGiB + kGiB / 2));
+  NvmlMemoryReading refused;
+  ASSERT_EQ(read_nvml_memory(nullptr, v2_refuses, v1_answers, &refused), nvml::kSuccess);
+  EXPECT_EQ(refused.used, static_cast<int64_t>(10 * kGiB + kGiB / 2));
+  // Another failure is the answer (a lost GPU is not hidden behind v1).
+  NvmlMemoryReading failed;
+  EXPECT_EQ(read_nvml_memory(nullptr, v2_fails, v1_answers, &failed), 999);
+  EXPECT_EQ(failed.used, 0);
+}
+
+}  // namespace
+}  // namespace batchtune

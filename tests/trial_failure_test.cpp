@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/models/module_model.h"
 #include "batchtune/plan/plan.h"
@@ -124,6 +126,46 @@ TEST(TrialRunner, TheSameErrorWithoutTheCounterIsAnError) {
   TrialRunner runner(f.workload, f.counting);
   EXPECT_THROW(runner.run(TrialOptions().batch_size(32).batch_source(cudnn_like(f, 8, false))),
                c10::Error);
+  expect_identical(f.workload.model().parameters(), params);
+}
+
+/// A batch source that fails as a Python step reaches the runner: an
+/// exception that is no c10::Error (py::error_already_set), saying
+/// `message`, after the allocator counted a refusal when `counts`.
+BatchSource foreign_error(Fixture& f, int64_t largest, bool counts, std::string message) {
+  return [&f, largest, counts, message](int64_t size) {
+    if (size > largest) {
+      if (counts) f.counting.count_oom();
+      throw std::runtime_error(message);
+    }
+    return f.workload.synthetic_batch(size);
+  };
+}
+
+TEST(TrialRunner, AnErrorThatIsNoLibTorchErrorIsClassifiedTheSameWay) {
+  Fixture f;
+  const auto params = copies(f.workload.model().parameters());
+  TrialRunner runner(f.workload, f.counting);
+  // The counter rose: memory, whatever the message.
+  const TrialResult counted = runner.run(TrialOptions().batch_size(32).batch_source(
+      foreign_error(f, 8, true, std::string(kCudnnNoEngine) + "\nTraceback")));
+  EXPECT_FALSE(counted.fits);
+  EXPECT_EQ(counted.failure, TrialFailure::kOutOfMemory);
+  EXPECT_EQ(counted.error, kCudnnNoEngine);
+  expect_identical(f.workload.model().parameters(), params);
+  // "CUDA error: out of memory" from a cudaMalloc outside the allocator: no
+  // counter saw it, the message says it.
+  const TrialResult named = runner.run(TrialOptions().batch_size(32).batch_source(
+      foreign_error(f, 8, false, "CUDA error: out of memory\nCompile with TORCH_USE_CUDA_DSA")));
+  EXPECT_FALSE(named.fits);
+  EXPECT_EQ(named.failure, TrialFailure::kOutOfMemory);
+  EXPECT_EQ(named.error, "CUDA error: out of memory");
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(8).batch_source(
+                             foreign_error(f, 8, true, kCudnnNoEngine))).fits);
+  // Neither: the user's error, passed on unchanged, the state put back.
+  EXPECT_THROW(runner.run(TrialOptions().batch_size(32).batch_source(
+                   foreign_error(f, 8, false, kCudnnNoEngine))),
+               std::runtime_error);
   expect_identical(f.workload.model().parameters(), params);
 }
 

@@ -10,6 +10,7 @@
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
 #include "batchtune/step/workload.h"
+#include "batchtune/models/module_model.h"
 #include "fake_clock.h"
 #include "test_helpers.h"
 
@@ -224,6 +225,72 @@ class ScriptedSubject final : public TrialSubject {
   std::vector<double> first_ms_;
   double steady_ms_;
 };
+
+/// An fp16 subject whose loss scaler skips the first `skips` steps.
+class SkippingSubject final : public TrialSubject {
+ public:
+  explicit SkippingSubject(size_t skips) : skips_(skips) {}
+  std::string describe() const override { return "skipping"; }
+  AmpMode amp() const override { return AmpMode::kFp16; }
+  void save() override {}
+  void prepare(int64_t) override {}
+  at::Tensor step() override {
+    ++steps;
+    return at::ones({});
+  }
+  bool last_step_skipped() const override { return steps <= skips_; }
+  void restore() override {}
+  size_t steps = 0;
+
+ private:
+  size_t skips_;
+};
+
+TEST(TrialRunner, Fp16WarmsUpUntilTheLossScalerTakesAStep) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  SkippingSubject subject(3);
+  TrialRunner runner(subject, *memory);
+  // No warm-up asked for: fp16 still warms up, past the three skipped steps.
+  const TrialResult r = runner.run(TrialOptions().batch_size(2).steps(2).warmup_steps(0));
+  ASSERT_TRUE(r.fits) << r.error;
+  EXPECT_EQ(r.warmup_steps_run, 4);
+  EXPECT_EQ(r.step_seconds.size(), 2u);
+
+  // A scaler that never takes a step gives up after the cap.
+  SkippingSubject never(1000);
+  TrialRunner stuck(never, *memory);
+  const TrialResult s = stuck.run(TrialOptions().batch_size(2).steps(1).warmup_steps(0));
+  EXPECT_EQ(s.warmup_steps_run, 1 + kMaxSkippedWarmupSteps);
+}
+
+TEST(WorkloadTrial, Fp16CarriesTheLossScaleFromTrialToTrial) {
+  // Four equal logits w × 1e34 at batch 1: the cross-entropy's gradient on
+  // the label's logit is -0.75 × 1e34 whatever the label, so the scaled
+  // gradient overflows fp32 at the scale of 2^16 (4.9e38) and not at 2^15
+  // (2.5e38). The product is elementwise: autocast leaves it in fp32. The
+  // lr keeps w where it is.
+  auto weight = std::make_shared<torch::nn::Module>();
+  auto w = weight->register_parameter("w", torch::full({4}, 0.5));
+  auto model = std::make_unique<ModuleModel>(
+      "overflowing", weight, [w](const std::vector<at::Tensor>& inputs) {
+        return (w * 1e34).expand({inputs.at(0).size(0), 4});
+      });
+  Workload workload(WorkloadOptions().input_shape({1, 2, 2}).classes(4).seed(5).optimizer("sgd").lr(1e-40),
+                    std::move(model));
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  WorkloadTrial trial(workload, c10::Device(c10::kCPU), AmpMode::kFp16);
+  TrialRunner runner(trial, *memory);
+  const TrialResult first = runner.run(TrialOptions().batch_size(1).steps(2).warmup_steps(0));
+  ASSERT_TRUE(first.fits) << first.error;
+  EXPECT_EQ(first.warmup_steps_run, 2);  // one skipped at 2^16, one taken at 2^15
+  ASSERT_TRUE(trial.loss_scale().has_value());
+  EXPECT_EQ(*trial.loss_scale(), 32768.0);
+  // The next trial starts at 2^15: no step skipped, the one warm-up asked for.
+  const TrialResult second = runner.run(TrialOptions().batch_size(1).steps(2).warmup_steps(1));
+  ASSERT_TRUE(second.fits) << second.error;
+  EXPECT_EQ(second.warmup_steps_run, 1);
+  EXPECT_EQ(*trial.loss_scale(), 32768.0);
+}
 
 TEST(TrialRunner, WarmsUpUntilTheStepTimeSettlesThenFillsTheMinimumTime) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);

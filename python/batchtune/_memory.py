@@ -4,6 +4,7 @@ extension and Python's torch share one LibTorch, so Python's tensors count)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from typing import Dict, Iterator, Optional, Union
 
@@ -14,10 +15,23 @@ from . import _core
 MemoryLimit = Union[int, str, None]
 
 
-def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
-    """`None`/"auto": CUDA device 0 when there is one, else the CPU."""
+def resolve_device(device: Union[str, torch.device, None],
+                   model: Optional[torch.nn.Module] = None) -> torch.device:
+    """`None`/"auto": the GPU the model's parameters are on; else, with CUDA,
+    this process's GPU (`LOCAL_RANK`'s under a launcher such as torchrun,
+    which runs one process per GPU, else the current device), so that every
+    rank measures its own GPU and not GPU 0; else the CPU."""
     if device is None or (isinstance(device, str) and device == "auto"):
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        first = next(model.parameters(), None) if model is not None else None
+        if first is not None and first.device.type == "cuda":
+            index = first.device.index
+            return torch.device("cuda", index if index is not None else torch.cuda.current_device())
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        local_rank = os.environ.get("LOCAL_RANK", "")
+        if local_rank.isdigit() and int(local_rank) < torch.cuda.device_count():
+            return torch.device("cuda", int(local_rank))
+        return torch.device("cuda", torch.cuda.current_device())
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device: give 'cpu', 'cuda', 'cuda:N', a torch.device or None, got {device!r}")
     try:
@@ -33,6 +47,14 @@ def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise _core.Error(f"device: '{device}' is not supported; use cpu or cuda[:N]")
     return device
+
+
+def oom_count(device: torch.device) -> int:
+    """Allocations the device's allocator refused so far: the caching
+    allocator's `num_ooms` on CUDA, the CPU budget's refusals on the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_stats(device).get("num_ooms", 0))
+    return int(_core.budget_oom_count())
 
 
 def parse_limit(limit: MemoryLimit) -> Optional[int]:

@@ -109,6 +109,11 @@ class TrainStep:
         if amp == "fp16" and scaler is None:
             scaler = torch.amp.GradScaler(device.type)
         self.scaler = scaler
+        # Trials ask whether the last optimizer_step was skipped by the scaler
+        # (inf/NaN gradients): GradScaler lowers its scale exactly then. Off
+        # in training, where reading the scale would wait for the GPU.
+        self.track_skips = False
+        self.last_step_skipped = False
 
     def autocast(self):
         if self.amp == "off":
@@ -132,8 +137,11 @@ class TrainStep:
 
     def optimizer_step(self) -> None:
         if self.scaler is not None:
+            scale = self.scaler.get_scale() if self.track_skips else None
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if scale is not None:
+                self.last_step_skipped = self.scaler.get_scale() < scale
         else:
             self.optimizer.step()
 

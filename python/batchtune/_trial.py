@@ -32,10 +32,15 @@ class Subject(_core.TrialSubject):
         self.amp = amp
         self.loss_fn = loss_fn
         self.train_step = TrainStep(model, optimizer, loss_fn, device, amp)
+        self.train_step.track_skips = True
         self.batch = None
         self.snapshot: Optional[TrainingSnapshot] = None
         self.failed = False
         self.forward_only = False
+        # fp16: the loss scale the next trial starts from, the last trial's
+        # (a new GradScaler at 2^16 would overflow and skip the first steps
+        # of every trial: no optimizer state, no update timed).
+        self.loss_scale: Optional[float] = None
 
     def describe(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())
@@ -65,11 +70,19 @@ class Subject(_core.TrialSubject):
     def save(self) -> None:
         self.was_training = self.model.training
         self.snapshot = TrainingSnapshot(self.model, self.optimizer)
-        if self.amp == "fp16":  # a fresh loss scale for every trial
-            self.train_step.scaler = torch.amp.GradScaler(self.device.type)
+        if self.amp == "fp16":  # a fresh scaler for every trial, at the last trial's scale
+            kwargs = {} if self.loss_scale is None else {"init_scale": self.loss_scale}
+            self.train_step.scaler = torch.amp.GradScaler(self.device.type, **kwargs)
+            self.train_step.last_step_skipped = False
+
+    def last_step_skipped(self) -> bool:
+        return bool(self.train_step.last_step_skipped) and not self.forward_only
 
     def restore(self) -> None:
         self.batch = None
+        scaler = self.train_step.scaler
+        if scaler is not None and not self.forward_only:
+            self.loss_scale = float(scaler.get_scale())
         if self.forward_only:
             self.model.train(self.was_training)
         self.optimizer.zero_grad(set_to_none=True)

@@ -320,7 +320,7 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
     if not (0 <= min_time <= _checks.MAX_PROBE_SECONDS):
         raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, "
                           f"got {min_time}")
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     if amp == "fp16" and dev.type == "cpu":
         raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
     with _one_at_a_time("probe"), _measured_device(dev, memory_limit, model, optimizer) as memory:
@@ -381,7 +381,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         loss_fn: `loss_fn(model, batch)` → the scalar loss (your forward).
         make_batch: `make_batch(n)` → a batch of `n` samples (tensor, tuple or
             dict), the heaviest the training will see.
-        device: "cpu", "cuda", "cuda:N", or None for CUDA when there is one.
+        device: "cpu", "cuda", "cuda:N", or None: the GPU the model is on, else
+            with CUDA this process's GPU (`LOCAL_RANK`'s under torchrun, else
+            the current device), else the CPU.
         amp: "auto" (bf16 or fp16 on CUDA by capability; on the CPU bf16 only
             when a measured step is 10 % faster), "off", "bf16", "fp16".
         objective: "throughput" (the smallest batch within `tolerance` of the
@@ -445,7 +447,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if base_lr is not None:
         base_lr = _checks.number("base_lr", base_lr, "positive")
     report = _checks.output_path("report", report)
-    dev = resolve_device(device)
+    dev = resolve_device(device, model)
     if amp == "fp16" and dev.type == "cpu":
         raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
     # Where the values the caller left out came from, for the reasons.

@@ -23,7 +23,9 @@ Under `accelerate launch` / `torchrun` with several processes: call it on
 every process (it is collective), after the `TrainingArguments` are made
 (they initialise the process group); every process tunes its own device, the
 smallest choice wins, every process returns the same arguments, with the
-global batch counted over all processes.
+global batch counted over all processes. Without a launcher on a machine of
+several GPUs (the Trainer's `DataParallel`, `n_gpu` > 1) the micro-batch is
+tuned on the first GPU and the global batch counts every GPU.
 
 Needs transformers (`pip install transformers`); `import batchtune` does not.
 """
@@ -104,6 +106,16 @@ def _optimizer(trainer, model: torch.nn.Module, args) -> torch.optim.Optimizer:
     return cls(params, **kwargs)
 
 
+def replicas(args: "transformers.TrainingArguments") -> int:
+    """How many devices each take `per_device_train_batch_size` of a step:
+    the processes (`world_size`) times the GPUs each process drives. Without
+    a launcher on a machine of several GPUs the Trainer wraps the model in
+    `DataParallel` over `n_gpu` GPUs in one process (`world_size` 1) and
+    loads `per_device_train_batch_size × n_gpu` per step; under a launcher
+    `n_gpu` is 1; on the CPU it is 0."""
+    return int(args.world_size) * max(1, int(getattr(args, "n_gpu", 1) or 0))
+
+
 def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.Module],
                        args: Optional["transformers.TrainingArguments"] = None,
                        train_dataset: Any = None, *,
@@ -167,7 +179,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
             raise _core.Error(f"{reserved}: tune_training_args takes it from the TrainingArguments; "
                               "leave it out")
     device = torch.device(args.device)  # under a launcher this initialises the process group
-    world = args.world_size
+    world = replicas(args)
     configured = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     target = target_batch or configured
 
@@ -254,7 +266,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
     result.plan = plan
     if not quiet and args.process_index == 0:
         print(f"batchtune: per_device_train_batch_size {plan.micro_batch_size} x "
-              f"gradient_accumulation_steps {plan.accumulation_steps} x {world} process(es) = "
+              f"gradient_accumulation_steps {plan.accumulation_steps} x {world} device(s) = "
               f"global batch {plan.global_batch_size}; learning_rate {plan.lr:.6g}, "
               f"warmup_steps {tuned.warmup_steps}, {'bf16' if tuned.bf16 else 'fp16' if tuned.fp16 else 'fp32'}",
               file=sys.stderr)

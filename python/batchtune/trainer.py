@@ -8,6 +8,7 @@ from typing import Any, List, Optional
 import torch
 
 from . import _core, _distributed
+from ._memory import oom_count
 from ._step import LossFn, TrainStep, batch_size_of, slice_batch, to_device
 from .plan import Plan, group_lr_ratios
 
@@ -28,7 +29,9 @@ class Trainer:
     - An out-of-memory in a micro-batch frees what the step held, halves the
       micro-batch and runs the same samples again: the logical batch (and so
       the learning rate) stays. Under `torch.distributed` every rank learns of
-      it and halves together.
+      it and halves together. An error that is no `torch.OutOfMemoryError`
+      counts when the allocator counted a refusal during the step or its
+      message names one ("CUDA error: out of memory").
 
     This is the step the trials of `batchtune.tune` time.
 
@@ -101,9 +104,17 @@ class Trainer:
             oom: Optional[BaseException] = None
             total = None
             self._step.zero_grad()
+            ooms_before = oom_count(self.device)
             try:
                 total = self._accumulate(batch, n, micro)
             except torch.OutOfMemoryError as e:
+                oom = e
+            except Exception as e:  # noqa: BLE001 - an out-of-memory under another name?
+                # "CUDA error: out of memory" (RuntimeError, AcceleratorError), cuDNN's
+                # engine search after the allocator refused its workspace: the
+                # allocator's counter or the message decides, as in the trials.
+                if _core.classify_failure(str(e), ooms_before, oom_count(self.device)) != "out_of_memory":
+                    raise
                 oom = e
             failed = _distributed.any_rank(oom is not None, self.group)
             if not failed:

@@ -71,6 +71,7 @@ void bind_memory(py::module_& m) {
       .def("reset_peak", &DeviceMemory::reset_peak)
       .def("release_cached", &DeviceMemory::release_cached)
       .def("synchronize", &DeviceMemory::synchronize)
+      .def_property_readonly("oom_count", &DeviceMemory::oom_count)
       .def("summary", &DeviceMemory::summary);
   m.def(
       "make_device_memory",
@@ -92,6 +93,10 @@ void bind_memory(py::module_& m) {
   });
   m.def("budget_set", [](int64_t bytes) {
     BudgetAllocator::install().set_budget(bytes < 0 ? BudgetAllocator::kUnlimited : bytes);
+  });
+  m.def("budget_oom_count", [] {
+    auto* b = BudgetAllocator::installed();
+    return b ? b->oom_count() : int64_t{0};
   });
   m.def("budget_get", [] {
     auto* b = BudgetAllocator::installed();
@@ -193,6 +198,23 @@ void bind_trial(py::module_& m) {
   m.def("median", &median);
   m.def("relative_spread", &relative_spread);
   m.def("is_size_refusal", &is_size_refusal);
+  m.def(
+      "classify_failure",
+      [](const std::string& message, int64_t ooms_before, int64_t ooms_after) {
+        StepFailureEvidence evidence;
+        evidence.message = message;
+        evidence.ooms_before = ooms_before;
+        evidence.ooms_after = ooms_after;
+        switch (classify_step_failure(evidence)) {
+          case StepFailure::kOutOfMemory: return "out_of_memory";
+          case StepFailure::kSizeRefusal: return "size_refusal";
+          case StepFailure::kError: return "error";
+        }
+        return "error";
+      },
+      py::arg("message"), py::arg("ooms_before"), py::arg("ooms_after"),
+      "What a failed step's error says about the batch size, as the C++ runner decides it: "
+      "the allocator's out-of-memory counter first, then the message.");
 }
 
 void bind_search(py::module_& m) {

@@ -32,9 +32,13 @@ std::string first_line_of(const py::error_already_set& e) {
 /// refusal (batch norm at batch 1) a `c10::Error`; the Python exception (and
 /// the frames, and the tensors they hold) is released first. A
 /// KeyboardInterrupt becomes `batchtune::Interrupted` (noted, see
-/// `note_keyboard_interrupt`). Anything else (the user's exception) passes
-/// through unchanged: the runner restores the state and rethrows, and Python
-/// sees its own exception.
+/// `note_keyboard_interrupt`). Anything else passes through unchanged and
+/// the runner decides as for a C++ error: an out-of-memory under another
+/// name ("CUDA error: out of memory" as a RuntimeError or
+/// torch.AcceleratorError, cuDNN's failed engine search after the allocator
+/// refused its workspace) by the allocator's counter or the message becomes
+/// a result; the user's own exception is rethrown after the state is
+/// restored, and Python sees it.
 class PyTrialSubject : public TrialSubject {
  public:
   using TrialSubject::TrialSubject;
@@ -66,6 +70,12 @@ class PyTrialSubject : public TrialSubject {
     return supported;
   }
   void restore() override { translated([&] { call("restore"); }); }
+  bool last_step_skipped() const override {
+    py::gil_scoped_acquire gil;
+    py::function method =
+        py::get_override(static_cast<const TrialSubject*>(this), "last_step_skipped");
+    return method ? method().cast<bool>() : false;
+  }
 
  private:
   py::object call(const char* name, py::args args = py::args()) const {

@@ -35,10 +35,10 @@ bool SharedLibrary::can_open(const std::string& name, std::string* reason) {
   }
 }
 
-void* SharedLibrary::raw_symbol(const std::string& name) const {
+void* SharedLibrary::raw_symbol(const std::string& name, bool required) const {
   dlerror();
   void* symbol = dlsym(handle_, name.c_str());
-  if (symbol == nullptr) {
+  if (symbol == nullptr && required) {
     throw std::runtime_error(name_ + " has no symbol " + name + ": " + last_error());
   }
   return symbol;

@@ -27,9 +27,14 @@ class SharedLibrary {
   Fn symbol(const std::string& name) const {
     return reinterpret_cast<Fn>(raw_symbol(name));
   }
+  /// The symbol, or nullptr where this version of the library lacks it.
+  template <typename Fn>
+  Fn optional_symbol(const std::string& name) const {
+    return reinterpret_cast<Fn>(raw_symbol(name, /*required=*/false));
+  }
 
  private:
-  void* raw_symbol(const std::string& name) const;
+  void* raw_symbol(const std::string& name, bool required = true) const;
 
   std::string name_;
   void* handle_ = nullptr;

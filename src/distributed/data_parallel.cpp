@@ -3,10 +3,15 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstring>
 
+#include "batchtune/common/error.h"
 #include "batchtune/memory/budget_allocator.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/trial_failure.h"
 #include "batchtune/distributed/distributed.h"
 
 namespace batchtune {
@@ -59,49 +64,97 @@ DataParallel::StepOutcome DataParallel::share_step(bool out_of_memory, const at:
   return outcome;
 }
 
-void DataParallel::average_gradients(const std::vector<at::Tensor>& parameters) {
+void DataParallel::average_gradients(const std::vector<at::Tensor>& parameters,
+                                     const DeviceMemory* memory) {
   if (!distributed()) return;
   const auto start = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
-  // Gradients come due in reverse order in backward; PyTorch's DDP buckets
-  // them that way too.
+  const int64_t ooms_before = memory != nullptr ? memory->oom_count() : 0;
+  // What each rank tells the others before any gradient is sent: what it
+  // could allocate. An out-of-memory on one rank in the middle of the
+  // buckets would leave the others waiting in a collective it never starts,
+  // for the whole timeout.
+  enum Status : int { kReady = 0, kNoBuckets = 1, kNoGradients = 2 };
+  int status = kReady;
+  std::string oom_message;
   std::vector<at::Tensor> grads;
-  for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
-    at::Tensor p = *it;
-    if (!p.requires_grad()) continue;
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    grads.push_back(p.grad());
-  }
   struct Bucket {
     std::vector<at::Tensor> grads;
     at::Tensor flat;
     std::unique_ptr<PendingCollective> pending;
   };
   std::vector<Bucket> buckets;
-  int64_t bytes = kGradientBucketBytes;
-  for (const auto& g : grads) {
-    const int64_t size = g.numel() * static_cast<int64_t>(g.element_size());
-    if (buckets.empty() || bytes + size > kGradientBucketBytes ||
-        buckets.back().grads.front().scalar_type() != g.scalar_type()) {
-      buckets.emplace_back();
-      bytes = 0;
-    }
-    buckets.back().grads.push_back(g);
-    bytes += size;
-  }
   const double scale = 1.0 / static_cast<double>(world_size());
-  for (auto& b : buckets) {
-    std::vector<at::Tensor> flat_parts;
-    for (const auto& g : b.grads) flat_parts.push_back(g.reshape({-1}));
-    b.flat = at::cat(flat_parts).mul_(scale);
-    b.pending = communicator_->start_all_reduce_sum(b.flat);
+  const auto out_of_memory = [&](const c10::Error& e) {
+    const int64_t after = memory != nullptr ? memory->oom_count() : ooms_before;
+    if (classify_step_failure(e, ooms_before, after) != StepFailure::kOutOfMemory) return false;
+    oom_message = first_line(e.what_without_backtrace());
+    return true;
+  };
+  try {
+    // Gradients come due in reverse order in backward; PyTorch's DDP
+    // buckets them that way too.
+    for (auto it = parameters.rbegin(); it != parameters.rend(); ++it) {
+      at::Tensor p = *it;
+      if (!p.requires_grad()) continue;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+  } catch (const c10::Error& e) {
+    if (!out_of_memory(e)) throw;
+    status = kNoGradients;
   }
-  for (auto& b : buckets) {
-    b.pending->wait();
-    int64_t offset = 0;
-    for (auto& g : b.grads) {
-      g.copy_(b.flat.narrow(0, offset, g.numel()).view_as(g));
-      offset += g.numel();
+  if (status == kReady) {
+    try {
+      int64_t bytes = kGradientBucketBytes;
+      for (const auto& g : grads) {
+        const int64_t size = g.numel() * static_cast<int64_t>(g.element_size());
+        if (buckets.empty() || bytes + size > kGradientBucketBytes ||
+            buckets.back().grads.front().scalar_type() != g.scalar_type()) {
+          buckets.emplace_back();
+          bytes = 0;
+        }
+        buckets.back().grads.push_back(g);
+        bytes += size;
+      }
+      for (auto& b : buckets) {
+        std::vector<at::Tensor> flat_parts;
+        for (const auto& g : b.grads) flat_parts.push_back(g.reshape({-1}));
+        b.flat = at::cat(flat_parts).mul_(scale);
+      }
+    } catch (const c10::Error& e) {
+      if (!out_of_memory(e)) throw;
+      status = kNoBuckets;
+    }
+  }
+  if (status != kReady) buckets.clear();  // the flat copies go back before the fallback
+  at::Tensor agreed = at::full({1}, status, at::TensorOptions().dtype(at::kInt).device(communicator_->device()));
+  communicator_->all_reduce(agreed, ReduceOp::kMax);
+  const int worst = agreed.item<int>();
+  if (worst == kNoGradients) {
+    throw Error(fmt::format(
+        "train: out of memory making the gradients to average ({}); the model's gradients do "
+        "not fit beside its parameters and optimizer state — use a larger --memory-limit or a "
+        "smaller model",
+        status == kNoGradients ? oom_message : "on another rank"));
+  }
+  if (worst == kNoBuckets) {
+    // Some rank has no room for the flat copies: every rank sums each
+    // gradient in place instead, one collective per tensor, no copy.
+    ++in_place_averages_;
+    for (auto& g : grads) {
+      communicator_->all_reduce(g, ReduceOp::kSum);
+      g.mul_(scale);
+    }
+  } else {
+    for (auto& b : buckets) b.pending = communicator_->start_all_reduce_sum(b.flat);
+    for (auto& b : buckets) {
+      b.pending->wait();
+      int64_t offset = 0;
+      for (auto& g : b.grads) {
+        g.copy_(b.flat.narrow(0, offset, g.numel()).view_as(g));
+        offset += g.numel();
+      }
     }
   }
   communication_seconds_ +=

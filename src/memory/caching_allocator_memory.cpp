@@ -18,6 +18,8 @@ class CachingAllocatorMemory final : public DeviceMemory {
     if (limit && *limit <= 0) {
       throw Error(fmt::format("--memory-limit: must be positive, got {} bytes", *limit));
     }
+    previous_fraction_ = device_->memory_fraction();
+    previous_device_ = device_->current_device();
     capacity_ = std::min<int64_t>(limit.value_or(total_), total_);
     outside_ = outside_now();
     outside_peak_ = outside_;
@@ -30,7 +32,24 @@ class CachingAllocatorMemory final : public DeviceMemory {
           format_bytes(outside_), format_bytes(kCudaOutsideGrowthBytes),
           limit ? "give a larger limit" : "free the GPU or use another device"));
     }
+    // Every later call on this thread (the model, the step, the
+    // synchronisation) runs on this device, and no other device gets a
+    // context.
+    device_->set_current_device(device_->index(), /*restore=*/false);
     set_usable_bytes(capacity_);
+  }
+
+  ~CachingAllocatorMemory() override {
+    // A tune's cap is the tune's: the rest of the process gets the allocator
+    // and the device it had. Nothing may throw here (a process exiting may
+    // have torn CUDA down already).
+    try {
+      device_->set_memory_fraction(previous_fraction_);
+      if (previous_device_ != device_->index()) {
+        device_->set_current_device(previous_device_, /*restore=*/true);
+      }
+    } catch (...) {
+    }
   }
 
   c10::Device device() const override {
@@ -46,24 +65,28 @@ class CachingAllocatorMemory final : public DeviceMemory {
   int64_t peak_bytes() const override { return device_->stats().reserved_peak + outside_peak_; }
   void reset_peak() override {
     device_->reset_peak_stats();
-    // What lives outside the allocator grows with the first steps (kernels
-    // loaded lazily, cuDNN and cuBLAS handles): the cap follows it until a
-    // trial has run, then the baseline is frozen, so that every later trial
-    // (and a probe of the answer) runs under the same cap. Growth after
-    // that still counts in each trial's peak (see synchronize).
-    if (!outside_frozen_) {
-      outside_ = outside_now();
-      outside_frozen_ = stepped_;
-    }
+    syncs_since_reset_ = 0;
+    if (!outside_frozen_) outside_ = outside_now();
     outside_peak_ = outside_;
     apply_cap();
+  }
+  int64_t over_budget_bytes() const override {
+    // The allocator past its cap (blocks it reserved before the cap was
+    // lowered) and the outside memory past its headroom are each over:
+    // unused headroom does not excuse a reservation above the cap.
+    const int64_t reserved_over = device_->stats().reserved_peak - allocator_budget();
+    const int64_t outside_over = outside_peak_ - outside_ - kCudaOutsideGrowthBytes;
+    return std::max<int64_t>(0, reserved_over) + std::max<int64_t>(0, outside_over);
   }
   int64_t oom_count() const override { return device_->stats().num_ooms; }
   void release_cached() override { device_->empty_cache(); }
   void synchronize() override {
     device_->synchronize();
-    stepped_ = true;
-    outside_peak_ = std::max(outside_peak_, outside_now());
+    const int64_t outside = outside_now();
+    // The trial runner synchronizes before and after each step: the second
+    // call since reset_peak ends the first step.
+    if (!outside_frozen_ && ++syncs_since_reset_ >= 2) freeze_outside(outside);
+    outside_peak_ = std::max(outside_peak_, outside);
   }
   std::string summary() const override {
     const AllocatorStats s = device_->stats();
@@ -88,14 +111,31 @@ class CachingAllocatorMemory final : public DeviceMemory {
   }
   void apply_cap() { device_->set_memory_fraction(memory_fraction_for(allocator_budget(), total_)); }
 
+  // What lives outside the allocator grows with the first step (kernels
+  // loaded lazily, cuDNN and cuBLAS handles). After it the baseline is read
+  // once and kept, so that every later step, every later trial and a probe
+  // in a fresh process run under one cap; growth after that counts in each
+  // trial's peak, against the headroom. The blocks the first step cached
+  // under the earlier, larger cap go back to the device and the peak starts
+  // again, so that the rest of the trial allocates under the frozen cap.
+  void freeze_outside(int64_t outside) {
+    outside_frozen_ = true;
+    outside_ = outside;
+    apply_cap();
+    device_->empty_cache();
+    device_->reset_peak_stats();
+  }
+
   std::unique_ptr<CudaDeviceApi> device_;
   int64_t total_;
   int64_t capacity_ = 0;
   int64_t usable_ = 0;
   int64_t outside_ = 0;
   int64_t outside_peak_ = 0;
-  bool stepped_ = false;         // a step has run (synchronize was called)
+  int syncs_since_reset_ = 0;    // synchronize calls since the trial began
   bool outside_frozen_ = false;  // outside_ no longer re-read
+  double previous_fraction_ = 1;
+  int previous_device_ = 0;
 };
 
 }  // namespace

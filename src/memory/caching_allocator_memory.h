@@ -40,6 +40,13 @@ class CudaDeviceApi {
   /// `CUDACachingAllocator::setMemoryFraction` for this device: in [0, 1);
   /// 1 would mean no cap at all.
   virtual void set_memory_fraction(double fraction) = 0;
+  /// The memory fraction set now (1 where none was: no cap).
+  virtual double memory_fraction() const = 0;
+  /// The calling thread's current CUDA device, and making one current
+  /// (`restore`: the thread's earlier device, made current without creating
+  /// a CUDA context on it where it has none yet).
+  virtual int current_device() const = 0;
+  virtual void set_current_device(int index, bool restore) = 0;
   virtual void reset_peak_stats() = 0;
   virtual void empty_cache() = 0;
   /// Waits for all work queued on this device.
@@ -52,9 +59,12 @@ class CudaDeviceApi {
 double memory_fraction_for(int64_t allocator_budget, int64_t total);
 
 /// The CUDA `DeviceMemory` over `device` (see `make_device_memory` for what
-/// `limit` means). Reads the memory outside the caching allocator when made,
-/// at each `reset_peak()` (the start of a trial) and at each `synchronize()`
-/// (after each step).
+/// `limit` means). Makes `device` the thread's current device. Reads the
+/// memory outside the caching allocator when made, at each `reset_peak()`
+/// (the start of a trial) and at each `synchronize()` (around each step);
+/// at the end of the first step it freezes that baseline (see
+/// `make_device_memory`). Destroyed, it sets back the memory fraction and the
+/// current device it found.
 std::unique_ptr<DeviceMemory> make_caching_allocator_memory(std::unique_ptr<CudaDeviceApi> device,
                                                             std::optional<int64_t> limit);
 

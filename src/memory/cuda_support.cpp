@@ -57,10 +57,6 @@ class CudaDevice final : public CudaDeviceApi {
     // refuses setMemoryFraction and its statistics ("Allocator not
     // initialized for device"). A library user may make the memory first.
     at::globalContext().lazyInitDevice(c10::kCUDA);
-    // Every later call on this thread (the model, the step, the
-    // synchronisation) then runs on this device, and no other device gets a
-    // context.
-    c10::cuda::set_device(index_);
     total_ = static_cast<int64_t>(at::cuda::getDeviceProperties(index_)->totalGlobalMem);
   }
 
@@ -87,6 +83,20 @@ class CudaDevice final : public CudaDeviceApi {
   }
   void set_memory_fraction(double fraction) override {
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, index_);
+  }
+  double memory_fraction() const override {
+    return c10::cuda::CUDACachingAllocator::getMemoryFraction(index_);
+  }
+  int current_device() const override { return c10::cuda::current_device(); }
+  void set_current_device(int index, bool restore) override {
+    const auto device = static_cast<c10::DeviceIndex>(index);
+    if (restore) {
+      // Only where that device has a context; else LibTorch makes it current
+      // when it first needs it (a DDP rank never gets one on GPU 0).
+      C10_CUDA_CHECK(c10::cuda::MaybeSetDevice(device));
+    } else {
+      c10::cuda::set_device(device);
+    }
   }
   void reset_peak_stats() override {
     c10::cuda::CUDACachingAllocator::resetPeakStats(index_);

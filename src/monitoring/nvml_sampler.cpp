@@ -32,6 +32,8 @@ class NvmlSampler final : public Sampler {
         get_utilization_(library_.symbol<nvml::DeviceGetUtilizationRatesFn>(
             "nvmlDeviceGetUtilizationRates")),
         get_memory_(library_.symbol<nvml::DeviceGetMemoryInfoFn>("nvmlDeviceGetMemoryInfo")),
+        get_memory_v2_(library_.optional_symbol<nvml::DeviceGetMemoryInfoV2Fn>(
+            "nvmlDeviceGetMemoryInfo_v2")),
         get_power_(library_.symbol<nvml::DeviceGetPowerUsageFn>("nvmlDeviceGetPowerUsage")),
         get_energy_(library_.symbol<nvml::DeviceGetTotalEnergyConsumptionFn>(
             "nvmlDeviceGetTotalEnergyConsumption")) {
@@ -60,9 +62,9 @@ class NvmlSampler final : public Sampler {
       if (get_utilization_(device.handle, &utilization) == nvml::kSuccess) {
         sample.utilization_percent = utilization.gpu;
       }
-      nvml::Memory memory{};
-      if (get_memory_(device.handle, &memory) == nvml::kSuccess) {
-        sample.memory_used_bytes = static_cast<int64_t>(memory.used);
+      NvmlMemoryReading memory;
+      if (read_nvml_memory(device.handle, get_memory_v2_, get_memory_, &memory) == nvml::kSuccess) {
+        sample.memory_used_bytes = memory.used;
       }
       unsigned int milliwatts = 0;
       if (get_power_(device.handle, &milliwatts) == nvml::kSuccess) {
@@ -133,12 +135,13 @@ class NvmlSampler final : public Sampler {
   void find_unavailable_fields() {
     for (const auto& device : devices_) {
       nvml::Utilization utilization{};
-      nvml::Memory memory{};
+      NvmlMemoryReading memory;
       unsigned int milliwatts = 0;
       unsigned long long millijoules = 0;
       note("utilization", "nvmlDeviceGetUtilizationRates", device,
            get_utilization_(device.handle, &utilization));
-      note("memory", "nvmlDeviceGetMemoryInfo", device, get_memory_(device.handle, &memory));
+      note("memory", get_memory_v2_ != nullptr ? "nvmlDeviceGetMemoryInfo_v2" : "nvmlDeviceGetMemoryInfo",
+           device, read_nvml_memory(device.handle, get_memory_v2_, get_memory_, &memory));
       note("power", "nvmlDeviceGetPowerUsage", device, get_power_(device.handle, &milliwatts));
       note("energy", "nvmlDeviceGetTotalEnergyConsumption", device,
            get_energy_(device.handle, &millijoules));
@@ -162,6 +165,7 @@ class NvmlSampler final : public Sampler {
   nvml::DeviceGetHandleByPciBusIdFn get_by_bus_id_;
   nvml::DeviceGetUtilizationRatesFn get_utilization_;
   nvml::DeviceGetMemoryInfoFn get_memory_;
+  nvml::DeviceGetMemoryInfoV2Fn get_memory_v2_;  // null before driver R510
   nvml::DeviceGetPowerUsageFn get_power_;
   nvml::DeviceGetTotalEnergyConsumptionFn get_energy_;
   std::vector<Watched> devices_;
@@ -205,6 +209,33 @@ class UnavailableSampler final : public Sampler {
 
 }  // namespace
 
+nvml::Return read_nvml_memory(nvml::Device device, nvml::DeviceGetMemoryInfoV2Fn v2,
+                              nvml::DeviceGetMemoryInfoFn v1, NvmlMemoryReading* out) {
+  if (v2 != nullptr) {
+    nvml::MemoryV2 memory{};
+    memory.version = nvml::kMemoryV2Version;
+    const nvml::Return rc = v2(device, &memory);
+    if (rc == nvml::kSuccess) {
+      *out = {static_cast<int64_t>(memory.total), static_cast<int64_t>(memory.free),
+              static_cast<int64_t>(memory.used)};
+      return rc;
+    }
+    // An older driver that exports the symbol but not this version of the
+    // struct, or a device without it: version 1 still answers.
+    if (rc != nvml::kErrorArgumentVersionMismatch && rc != nvml::kErrorNotSupported &&
+        rc != nvml::kErrorFunctionNotFound) {
+      return rc;
+    }
+  }
+  nvml::Memory memory{};
+  const nvml::Return rc = v1(device, &memory);
+  if (rc == nvml::kSuccess) {
+    *out = {static_cast<int64_t>(memory.total), static_cast<int64_t>(memory.free),
+            static_cast<int64_t>(memory.used)};
+  }
+  return rc;
+}
+
 std::vector<std::optional<int64_t>> nvml_free_bytes(const std::vector<std::string>& pci_bus_ids) {
   std::vector<std::optional<int64_t>> free(pci_bus_ids.size());
   if (pci_bus_ids.empty()) return free;
@@ -215,14 +246,16 @@ std::vector<std::optional<int64_t>> nvml_free_bytes(const std::vector<std::strin
     const auto by_bus_id =
         library.symbol<nvml::DeviceGetHandleByPciBusIdFn>("nvmlDeviceGetHandleByPciBusId_v2");
     const auto memory_info = library.symbol<nvml::DeviceGetMemoryInfoFn>("nvmlDeviceGetMemoryInfo");
+    const auto memory_info_v2 =
+        library.optional_symbol<nvml::DeviceGetMemoryInfoV2Fn>("nvmlDeviceGetMemoryInfo_v2");
     if (init() != nvml::kSuccess) return free;
     for (size_t i = 0; i < pci_bus_ids.size(); ++i) {
       nvml::Device device = nullptr;
-      nvml::Memory memory{};
+      NvmlMemoryReading memory;
       if (!pci_bus_ids[i].empty() &&
           by_bus_id(pci_bus_ids[i].c_str(), &device) == nvml::kSuccess &&
-          memory_info(device, &memory) == nvml::kSuccess) {
-        free[i] = static_cast<int64_t>(memory.free);
+          read_nvml_memory(device, memory_info_v2, memory_info, &memory) == nvml::kSuccess) {
+        free[i] = memory.free;
       }
     }
     shutdown();

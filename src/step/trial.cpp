@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/machine_load.h"
@@ -16,6 +18,33 @@
 #include "step/training_snapshot.h"
 
 namespace batchtune {
+namespace {
+
+bool is_interrupt(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Interrupted&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+/// The message of the exception being handled.
+std::string current_exception_message() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+}  // namespace
+
 void TrialSubject::set_sequence_length(int64_t length) {
   if (length != 0) {
     throw Error(fmt::format("{}: this trial subject takes no sequence length (asked for {})",
@@ -37,6 +66,8 @@ void WorkloadTrial::save() {
 void WorkloadTrial::prepare(int64_t batch_size) {
   batch_size_ = batch_size;
   step_ = std::make_unique<TrainingStep>(workload_, device_, StepOptions().amp(amp_));
+  if (loss_scale_ && step_->scaler().enabled()) step_->scaler().load_state({*loss_scale_, 0, 0});
+  last_skipped_ = false;
   batch_ = std::make_unique<Batch>(length_ > 0 ? workload_.synthetic_batch(batch_size, length_)
                                                : workload_.synthetic_batch(batch_size));
 }
@@ -56,7 +87,12 @@ void WorkloadTrial::next_batch(const BatchSource& source) {
 
 at::Tensor WorkloadTrial::step() {
   TORCH_CHECK(step_ && batch_, "WorkloadTrial: prepare() before step()");
-  if (!forward_only_) return step_->run(*batch_);
+  if (!forward_only_) {
+    const int64_t skipped = step_->scaler().skipped_steps();
+    at::Tensor loss = step_->run(*batch_);
+    last_skipped_ = step_->scaler().skipped_steps() > skipped;
+    return loss;
+  }
   at::NoGradGuard no_grad;
   workload_.model().train(false);
   AutocastGuard autocast(device_.type(), amp_);
@@ -71,6 +107,9 @@ bool WorkloadTrial::set_forward_only(bool on) {
 void WorkloadTrial::restore() {
   if (forward_only_) workload_.model().train(true);  // as training left it
   batch_.reset();
+  if (step_ && step_->scaler().enabled() && !forward_only_) {
+    loss_scale_ = step_->scaler().current_scale();
+  }
   step_.reset();
   workload_.optimizer().zero_grad(/*set_to_none=*/true);
   if (snapshot_) snapshot_->restore();
@@ -169,17 +208,29 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
       return std::make_tuple(loss, end - start, ready - start);
     };
     double before_s = 0;
-    while (result.warmup_steps_run < max_warmup) {
-      if (result.warmup_steps_run >= min_warmup) {
-        // Settled once a step is no longer markedly faster than the one before.
-        const bool settled = result.warmup_steps_run >= 2 && previous_s >= kSettledRatio * before_s;
-        if (settled || !room_for_a_step(kWarmupSliceShare)) break;
+    // fp16: at least one warm-up step, and more while the scaler skips them.
+    const int64_t fp16_warmup = subject.amp() == AmpMode::kFp16 ? 1 : 0;
+    int64_t skipped_warmup = 0;
+    while (true) {
+      const bool skipping = result.warmup_steps_run > 0 && subject.last_step_skipped() &&
+                            skipped_warmup < kMaxSkippedWarmupSteps;
+      if (skipping) {
+        ++skipped_warmup;
+      } else {
+        if (result.warmup_steps_run >= std::max(max_warmup, fp16_warmup)) break;
+        if (result.warmup_steps_run >= std::max(min_warmup, fp16_warmup)) {
+          // Settled once a step is no longer markedly faster than the one before.
+          const bool settled =
+              result.warmup_steps_run >= 2 && previous_s >= kSettledRatio * before_s;
+          if (settled || !room_for_a_step(kWarmupSliceShare)) break;
+        }
       }
       before_s = previous_s;
       run_step();
       ++result.warmup_steps_run;
     }
     load_before = read_cpu_times();
+    result.timed_from_s = clock.now_s();
     at::Tensor last_loss;
     while (true) {
       const auto timed = static_cast<int64_t>(result.step_seconds.size());
@@ -193,6 +244,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
       result.wait_seconds.push_back(wait_s);
       timed_s += step_s;
       last_loss = loss;
+      result.timed_to_s = clock.now_s();
     }
     result.loss = last_loss.item<double>();
     result.fits = true;
@@ -213,22 +265,39 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
         kind == StepFailure::kOutOfMemory ? TrialFailure::kOutOfMemory : TrialFailure::kDoesNotRun;
     result.error = first_line(e.what_without_backtrace());
   } catch (...) {
-    // Not a size limit (a shape mismatch...): the caller stops, but the
-    // subject is left as it was all the same.
-    put_back();
-    throw;
+    // An error that is no c10::Error (from Python: "CUDA error: out of
+    // memory" as a RuntimeError or AcceleratorError, cuDNN's failed engine
+    // search) is classified as one is: the allocator's counter first, then
+    // the message. Else not a size limit (a shape mismatch...): the caller
+    // stops, but the subject is left as it was all the same.
+    StepFailureEvidence evidence;
+    evidence.message = current_exception_message();
+    evidence.ooms_before = ooms_before;
+    evidence.ooms_after = memory_.oom_count();
+    const StepFailure kind = is_interrupt(std::current_exception())
+                                 ? StepFailure::kError
+                                 : classify_step_failure(evidence);
+    if (kind == StepFailure::kError) {
+      put_back();
+      throw;
+    }
+    result.fits = false;
+    result.failure =
+        kind == StepFailure::kOutOfMemory ? TrialFailure::kOutOfMemory : TrialFailure::kDoesNotRun;
+    result.error = first_line(evidence.message);
   }
   total_steps_ += result.steps_run;
   // The peak before putting back: restoring the snapshot allocates nothing
   // on the device, but the peak belongs to the steps.
   result.peak_bytes = memory_.peak_bytes();
+  const int64_t over_budget = memory_.over_budget_bytes();
   put_back();
 
-  if (result.fits && result.peak_bytes > result.usable_bytes) {
+  if (result.fits && over_budget > 0) {
     result.fits = false;
     result.failure = TrialFailure::kOverBudget;
-    result.error = fmt::format("peak {} is above the usable {} ({} less {:.0f} % margin)",
-                               format_bytes(result.peak_bytes),
+    result.error = fmt::format("peak {} is {} over the usable {} ({} less {:.0f} % margin)",
+                               format_bytes(result.peak_bytes), format_bytes(over_budget),
                                format_bytes(result.usable_bytes),
                                format_bytes(result.capacity_bytes), margin_ * 100);
   }

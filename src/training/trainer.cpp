@@ -202,7 +202,7 @@ void Trainer::train_step(const Batch& batch) {
                      before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
                      plan_.micro_batch_size));
   }
-  data_parallel_.average_gradients(workload_.model().parameters());
+  data_parallel_.average_gradients(workload_.model().parameters(), &memory_);
   const int64_t ooms_before_step = memory_.oom_count();
   try {
     training_step_.apply(scheduled_lr(plan_.lr, plan_.warmup_steps, step_));

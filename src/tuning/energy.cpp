@@ -9,6 +9,20 @@
 
 namespace batchtune {
 
+void attach_readings(const Monitor& monitor, const std::string& device, double clock_offset_s,
+                     TrialResult& trial) {
+  if (!(trial.timed_to_s > trial.timed_from_s)) return;
+  const double from = trial.timed_from_s + clock_offset_s;
+  const double to = trial.timed_to_s + clock_offset_s;
+  for (const auto& s : monitor.summarize(from, to)) {
+    if (s.device != device) continue;
+    trial.utilization = s.mean_utilization_percent;
+    double timed = 0;
+    for (double seconds : trial.step_seconds) timed += seconds;
+    trial.energy_joules = trial_energy_joules(s, timed, to - from);
+  }
+}
+
 std::optional<double> trial_energy_joules(const SampleSummary& summary, double timed_s,
                                           double window_s) {
   if (!(timed_s > 0)) return std::nullopt;

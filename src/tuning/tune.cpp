@@ -69,18 +69,6 @@ class Budget {
   double granted_s_ = 0;
 };
 
-/// Mean utilization and energy of `device` over a trial that ran from t0 to t1.
-void attach_readings(const Monitor& monitor, const std::string& device, double t0, double t1,
-                     TrialResult& trial) {
-  for (const auto& s : monitor.summarize(t0, t1)) {
-    if (s.device != device) continue;
-    trial.utilization = s.mean_utilization_percent;
-    double timed = 0;
-    for (double seconds : trial.step_seconds) timed += seconds;
-    trial.energy_joules = trial_energy_joules(s, timed, t1 - t0);
-  }
-}
-
 /// What an interrupted tune keeps: the trials it finished, the largest that
 /// fitted as the answer, and a sweep row per batch size timed so far.
 void keep_partial_results(TuneResult& result, const std::vector<TrialResult>& searched,
@@ -321,10 +309,13 @@ class Pipeline {
     check_stop();
     reporter_.trial_started(phase, trial_options.batch_size());
     const double t0 = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
+    // The runner stamps its timed window on its own clock; the monitor's
+    // samples are on the monitor's.
+    const double offset = t0 - runner_->clock().now_s();
     TrialResult result = runner_->run(trial_options);
     if (options_.monitor() != nullptr) {
       const double t1 = options_.monitor()->now_s();
-      attach_readings(*options_.monitor(), result_.device, t0, t1, result);
+      attach_readings(*options_.monitor(), result_.device, offset, result);
       result_.phases.push_back({t0 - monitor_start_s_, t1 - monitor_start_s_,
                                 trial_options.batch_size(), to_string(phase)});
     }

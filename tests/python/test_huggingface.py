@@ -79,3 +79,17 @@ def test_helper_scales_the_lr_to_a_target_batch_and_leaves_no_trace(tmp_path):
 def test_helper_without_a_dataset_names_it(tmp_path):
     with pytest.raises(batchtune.Error, match="train_dataset: give the training data set"):
         tune_training_args(tiny_gpt2(), training_args(tmp_path), None)
+
+
+def test_helper_counts_every_gpu_of_data_parallel_in_the_global_batch(tmp_path, monkeypatch):
+    # Without a launcher on a machine of 4 GPUs the Trainer runs DataParallel:
+    # world_size 1, n_gpu 4, and each step loads per-device x 4 samples.
+    monkeypatch.setattr(transformers.TrainingArguments, "n_gpu", property(lambda self: 4))
+    data = token_data()
+    args = training_args(tmp_path, per_device_train_batch_size=16)
+    assert args.world_size == 1 and args.n_gpu == 4
+    tuned, result = tune_training_args(tiny_gpt2(), args, data, memory_limit=LIMIT, report=None,
+                                       amp="off", sweep=False, return_result=True, quiet=True)
+    assert result.plan.world_size == 4
+    assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps * 4 == 64
+    assert tuned.learning_rate == pytest.approx(1e-3)  # the configured 64 kept: lr unscaled

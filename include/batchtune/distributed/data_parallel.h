@@ -16,6 +16,7 @@
 namespace batchtune {
 
 class Communicator;
+class DeviceMemory;
 
 /// Rank `rank`'s part of one logical batch: the contiguous
 /// `indices.size() / world_size` samples from `rank` × that. The plan keeps
@@ -65,9 +66,23 @@ class DataParallel {
   /// Averages the gradients of `parameters` over the ranks, in buckets of
   /// `kGradientBucketBytes` all-reduced back to back. A parameter without a
   /// gradient counts as zeros.
-  void average_gradients(const std::vector<at::Tensor>& parameters);
+  ///
+  /// The flat bucket copies take memory a step no longer holds; an
+  /// out-of-memory making them (the allocator's counter of `memory`, when
+  /// given, decides as `classify_step_failure` does) is agreed on by every
+  /// rank in one small all-reduce before any gradient is sent: where a rank
+  /// could not make its buckets, every rank sums each gradient in place
+  /// instead (no copy; `in_place_averages()` counts these); where a rank
+  /// could not even make its missing gradients, every rank throws
+  /// `batchtune::Error` at once, rather than the others waiting the whole
+  /// collective timeout.
+  void average_gradients(const std::vector<at::Tensor>& parameters,
+                         const DeviceMemory* memory = nullptr);
   /// Seconds spent in `average_gradients` so far.
   double communication_seconds() const { return communication_seconds_; }
+  /// Averages done gradient by gradient in place, because a rank had no
+  /// memory for the buckets.
+  int64_t in_place_averages() const { return in_place_averages_; }
 
   /// The sum over ranks of `value`.
   int64_t sum(int64_t value);
@@ -79,6 +94,7 @@ class DataParallel {
  private:
   Communicator* communicator_;
   double communication_seconds_ = 0;
+  int64_t in_place_averages_ = 0;
 };
 
 }  // namespace batchtune

@@ -38,6 +38,14 @@ class DeviceMemory {
   /// buffers), read at each `synchronize()`.
   virtual int64_t peak_bytes() const = 0;
   virtual void reset_peak() = 0;
+  /// By how much the memory since `reset_peak()` went past what a trial may
+  /// use; 0 when it stayed within. The peak less the usable bytes, by
+  /// default; on CUDA the caching allocator's peak above its cap plus the
+  /// growth outside it beyond `kCudaOutsideGrowthBytes`, so that neither
+  /// can stand in for the other.
+  virtual int64_t over_budget_bytes() const {
+    return peak_bytes() > usable_bytes() ? peak_bytes() - usable_bytes() : 0;
+  }
   /// Allocations the device's allocator has refused since it was made (the
   /// caching allocator's `num_ooms`, the budget allocator's refusals). A rise
   /// during a step means the step ran out of memory, whatever error it ended
@@ -67,6 +75,12 @@ class DeviceMemory {
 /// too (it is not free for this one either). The caching allocator is capped
 /// at the usable budget less that outside memory and
 /// `kCudaOutsideGrowthBytes` of headroom for it to grow during a trial.
+/// The outside memory is read again until the first step has run (kernels
+/// load lazily, cuDNN and cuBLAS make their handles), then frozen once: every
+/// later trial, and a `probe` in a fresh process after its first step, runs
+/// under the same cap. When the memory object is destroyed the allocator's
+/// previous memory fraction and the thread's previous current device come
+/// back.
 /// Throws `batchtune::Error` for a device that is not there.
 std::unique_ptr<DeviceMemory> make_device_memory(const c10::Device& device,
                                                  std::optional<int64_t> limit);

@@ -52,6 +52,12 @@ constexpr double kSettledRatio = 0.9;
 /// Settling warm-up steps may take this share of a trial's slice at most,
 /// so that the timed steps keep the rest.
 constexpr double kWarmupSliceShare = 0.5;
+/// fp16: warm-up goes on, past `max_warmup_steps`, while the loss scaler
+/// skips the optimizer step for inf/NaN gradients (a skipped step allocates
+/// no optimizer state and times no update), at most this many extra steps:
+/// the scale starts at 2^16 and halves at each skip, so 24 reach 2^-8, past
+/// which gradients that still overflow fp16 are the model's, not the scale's.
+constexpr int64_t kMaxSkippedWarmupSteps = 24;
 
 /// How one trial runs. By default a fixed count of steps; given `min_time_s`
 /// it is calibrated as benchmark tools do: warm-up until the step time
@@ -120,6 +126,10 @@ class TrialSubject {
   /// scalar tensor; it need not be synchronised).
   virtual at::Tensor step() = 0;
   virtual void restore() = 0;
+  /// fp16: whether the last `step()` skipped the optimizer step (the loss
+  /// scaler found inf/NaN gradients). The runner warms up until a step is
+  /// taken (see `kMaxSkippedWarmupSteps`).
+  virtual bool last_step_skipped() const { return false; }
   /// Evaluation: while on, `step()` runs forward and loss only, as an
   /// evaluation loop does (no gradients kept, no backward, no optimizer
   /// step, the model in eval mode). Returns false where the subject has no
@@ -162,8 +172,13 @@ class WorkloadTrial : public TrialSubject {
   void next_batch(const BatchSource& source) override;
   at::Tensor step() override;
   void restore() override;
+  bool last_step_skipped() const override { return last_skipped_; }
   bool set_forward_only(bool on) override;
   Workload& workload() { return workload_; }
+  /// fp16: the loss scale the next trial starts from (the last trial's
+  /// final scale; empty before the first). Each trial makes a new step, and
+  /// a new scaler at 2^16 would overflow and skip the first steps again.
+  std::optional<double> loss_scale() const { return loss_scale_; }
 
  private:
   Workload& workload_;
@@ -175,6 +190,8 @@ class WorkloadTrial : public TrialSubject {
   std::unique_ptr<Batch> batch_;
   std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<TrainingSnapshot> snapshot_;
+  std::optional<double> loss_scale_;
+  bool last_skipped_ = false;
 };
 
 /// Why a trial did not fit.
@@ -213,7 +230,13 @@ struct TrialResult {
   std::vector<double> wait_seconds;
   /// Compute time over step time, over the timed steps (1 = never waiting).
   double busy = 0;
-  /// Mean device utilization % during the trial, where a monitor measured it.
+  /// When the timed steps began and ended, on the runner's clock (both 0
+  /// when none ran): the window a monitor's readings for the trial cover,
+  /// without the snapshot, the batch building, the warm-up and the restore.
+  double timed_from_s = 0;
+  double timed_to_s = 0;
+  /// Mean device utilization % over the timed steps, where a monitor
+  /// measured it.
   std::optional<double> utilization;
   /// Device energy during the timed steps, where a counter exists.
   std::optional<double> energy_joules;

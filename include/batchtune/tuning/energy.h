@@ -13,6 +13,15 @@ namespace batchtune {
 /// halfway between the least energy and the shortest time.
 constexpr double kDefaultEta = 0.5;
 
+/// Reads `monitor`'s summary of `device` over the trial's timed steps alone
+/// (`TrialResult::timed_from_s` to `timed_to_s`, moved onto the monitor's
+/// clock by `clock_offset_s`, its time less the runner's) into the trial's
+/// `utilization` and `energy_joules`: the snapshot, the batch building, the
+/// warm-up and the restore around them are no part of a row's GPU-Util.
+/// Leaves both empty where no step was timed or no sample fell in the window.
+void attach_readings(const Monitor& monitor, const std::string& device, double clock_offset_s,
+                     TrialResult& trial);
+
 /// Device energy of a trial's timed steps from the monitor's summary of the
 /// trial's window (`window_s` seconds, warm-up included; `timed_s` of it
 /// timed): the energy counter's growth, the timed share of it; where there
