@@ -64,6 +64,19 @@ TEST(Amp, CudaChoiceFollowsComputeCapability) {
   EXPECT_NE(choose_cuda_amp(7, 5).reason.find("loss scaler"), std::string::npos);
 }
 
+TEST(Amp, Fp16IsRefusedOffCudaNamingWhereItCameFrom) {
+  EXPECT_NO_THROW(check_amp_device(AmpMode::kBf16, c10::Device(c10::kCPU), "--amp"));
+  EXPECT_NO_THROW(check_amp_device(AmpMode::kOff, c10::Device(c10::kCPU), "--amp"));
+  EXPECT_NO_THROW(check_amp_device(AmpMode::kFp16, c10::Device(c10::kCUDA, 0), "--amp"));
+  try {
+    check_amp_device(AmpMode::kFp16, c10::Device(c10::kCPU), "a plan's \"amp\"");
+    FAIL() << "fp16 on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("a plan's \"amp\": fp16", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("runs on cpu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Amp, ParsesModesAndNamesTheFlag) {
   EXPECT_EQ(parse_amp("bf16"), AmpMode::kBf16);
   EXPECT_EQ(parse_amp("auto"), AmpMode::kAuto);

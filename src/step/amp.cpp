@@ -117,11 +117,17 @@ AmpChoice choose_cuda_amp(int compute_major, int compute_minor) {
                       compute_major, compute_minor, kCudaBf16MinComputeMajor)};
 }
 
+void check_amp_device(AmpMode amp, c10::Device device, const std::string& what) {
+  if (amp == AmpMode::kFp16 && !device.is_cuda()) {
+    throw Error(fmt::format("{}: fp16 autocast is for CUDA devices, and this runs on {}; use bf16 "
+                            "or off",
+                            what, device.str()));
+  }
+}
+
 AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device) {
   if (requested != AmpMode::kAuto) {
-    if (requested == AmpMode::kFp16 && device.is_cpu()) {
-      throw Error("--amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off");
-    }
+    check_amp_device(requested, device, "--amp");
     return {requested, fmt::format("amp {}: as asked with --amp", amp_name(requested))};
   }
   TORCH_CHECK(device.is_cuda(), "resolve_amp_unmeasured: amp auto on the CPU is measured");

@@ -42,12 +42,6 @@ TrainingStep::TrainingStep(Workload& workload, c10::Device device, StepOptions o
   TORCH_CHECK(options_.amp() != AmpMode::kAuto,
               "TrainingStep: resolve amp auto (choose_amp) before stepping");
   TORCH_CHECK(options_.micro_batch_size() >= 0, "TrainingStep: negative micro-batch");
-  // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
-  if (options_.amp() == AmpMode::kFp16 && !device_.is_cuda()) {
-    throw Error(fmt::format("amp fp16: fp16 autocast is for CUDA devices, and this step runs on "
-                            "{}; use bf16 or off (a plan's \"amp\" field, or --amp)",
-                            device_.str()));
-  }
 }
 
 void TrainingStep::set_micro_batch_size(int64_t micro_batch_size) {

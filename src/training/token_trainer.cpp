@@ -13,6 +13,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/device_memory.h"
+#include "batchtune/step/amp.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 
@@ -102,6 +103,7 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
   }
   const Clock& clock = options.clock() != nullptr ? *options.clock() : steady_clock();
 
+  check_amp_device(plan.amp, memory.device(), "a plan's \"amp\" (or --amp)");
   TrainingStep step(workload, memory.device(), StepOptions().amp(plan.amp));
   TrainSummary summary;
   summary.world_size = 1;

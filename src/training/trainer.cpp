@@ -23,6 +23,7 @@
 #include "batchtune/data/loader.h"
 #include "batchtune/common/shape.h"
 #include "batchtune/common/size.h"
+#include "batchtune/step/amp.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 
@@ -58,6 +59,8 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                 .amp(plan_.amp == AmpMode::kAuto ? AmpMode::kOff : plan_.amp)
                 .measure_noise_scale(options_.measure_noise_scale())) {
   if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
+  // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
+  check_amp_device(plan_.amp, memory.device(), "a plan's \"amp\" (or --amp)");
   if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
     throw Error(fmt::format("--epochs/--steps: need a positive number of epochs or steps, got "
                             "{} and {}",

@@ -111,6 +111,11 @@ struct AmpMeasureOptions {
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
                      int64_t batch_size);
 
+/// Refuses, with `batchtune::Error`, a precision `device` cannot train at:
+/// fp16 off CUDA (LibTorch's CPU fp16 autocast is not offered for training).
+/// `what` names where the mode came from, like "--amp" or "a plan's \"amp\"".
+void check_amp_device(AmpMode amp, c10::Device device, const std::string& what);
+
 /// `choose_amp` where nothing needs measuring: a mode asked for (fp16 on a
 /// CPU refused with `batchtune::Error`), or `auto` on CUDA by capability.
 AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device);
