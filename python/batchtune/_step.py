@@ -87,6 +87,14 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     return batch
 
 
+def check_amp_device(amp: str, device: torch.device) -> None:
+    """Refuses fp16 off CUDA, as `batchtune train --amp fp16` on the CPU is
+    refused: where a plan enters training (`Trainer`), `probe` and `tune`. A
+    trial's step itself may run fp16 on the CPU (the loss scaler's tests)."""
+    if amp == "fp16" and torch.device(device).type != "cuda":
+        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
+
+
 class TrainStep:
     """forward/backward of micro-batches and the optimizer step.
 
@@ -98,9 +106,6 @@ class TrainStep:
                  scaler: Optional["torch.amp.GradScaler"] = None):
         if amp not in ("off", "bf16", "fp16"):
             raise _core.Error(f"amp: '{amp}' is not one of off, bf16, fp16")
-        if amp == "fp16" and torch.device(device).type == "cpu":
-            # As `batchtune train --amp fp16` on the CPU: LibTorch has no CPU fp16 autocast.
-            raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn

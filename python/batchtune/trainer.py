@@ -9,7 +9,7 @@ import torch
 
 from . import _core, _distributed
 from ._memory import oom_count
-from ._step import LossFn, TrainStep, batch_size_of, slice_batch, to_device
+from ._step import LossFn, TrainStep, batch_size_of, check_amp_device, slice_batch, to_device
 from .plan import Plan, group_lr_ratios
 
 
@@ -63,6 +63,7 @@ class Trainer:
         # The groups' lrs relative to the first one not at 0: the plan's lr is
         # that group's; a group at lr 0 is frozen and stays at 0.
         self._lr_ratios = group_lr_ratios([float(g["lr"]) for g in optimizer.param_groups])
+        check_amp_device(plan.amp, self.device)
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
 
     @property
