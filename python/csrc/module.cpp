@@ -87,10 +87,6 @@ void bind_memory(py::module_& m) {
     auto* b = BudgetAllocator::installed();
     return b ? b->live_bytes() : int64_t{0};
   });
-  m.def("budget_cached_bytes", [] {
-    auto* b = BudgetAllocator::installed();
-    return b ? b->cached_bytes() : int64_t{0};
-  });
   m.def("budget_set", [](int64_t bytes) {
     BudgetAllocator::install().set_budget(bytes < 0 ? BudgetAllocator::kUnlimited : bytes);
   });
@@ -190,14 +186,9 @@ void bind_trial(py::module_& m) {
                ", high=" + std::to_string(e.high) + ", level=" + std::to_string(e.level) +
                ", n=" + std::to_string(e.n) + ")";
       });
-  m.def("estimate_median", &estimate_median, py::arg("values"),
-        py::arg("level") = kConfidenceLevel);
   m.attr("CONFIDENCE_LEVEL") = kConfidenceLevel;
   m.attr("SWEEP_MIN_TIMED_SECONDS") = kSweepMinTimedSeconds;
   m.attr("SWEEP_MAX_WARMUP_STEPS") = kSweepMaxWarmupSteps;
-  m.def("median", &median);
-  m.def("relative_spread", &relative_spread);
-  m.def("is_size_refusal", &is_size_refusal);
   m.def(
       "classify_failure",
       [](const std::string& message, int64_t ooms_before, int64_t ooms_after) {
@@ -219,7 +210,6 @@ void bind_trial(py::module_& m) {
 
 void bind_search(py::module_& m) {
   py::class_<SearchResult>(m, "SearchResult")
-      .def(py::init<>())
       .def_property_readonly("strategy",
                              [](const SearchResult& s) { return to_string(s.strategy); })
       .def_readwrite("max_batch_size", &SearchResult::max_batch_size)
@@ -230,34 +220,14 @@ void bind_search(py::module_& m) {
       .def_readwrite("hit_time_budget", &SearchResult::hit_time_budget)
       .def_readwrite("hit_max_batch", &SearchResult::hit_max_batch)
       .def_readwrite("stop_reason", &SearchResult::stop_reason)
-      .def("set_strategy",
-           [](SearchResult& s, const std::string& name) {
-             s.strategy = parse_search_strategy(name);
-           })
       .def("to_json", [](const SearchResult& s) { return dump(to_json(s)); });
 
-  m.def(
-      "search_max_batch",
-      [](const std::function<TrialResult(int64_t)>& trial, const std::string& strategy,
-         int64_t max_batch, double time_budget_s, double tolerance,
-         const std::function<void(const TrialResult&, size_t)>& on_trial) {
-        const auto options = SearchOptions()
-                                 .strategy(parse_search_strategy(strategy))
-                                 .max_batch(max_batch)
-                                 .time_budget_s(time_budget_s)
-                                 .tolerance(tolerance);
-        return search_max_batch(trial, options, steady_clock(), on_trial);
-      },
-      py::arg("trial"), py::arg("strategy") = "predict", py::arg("max_batch") = kDefaultMaxBatch,
-      py::arg("time_budget_s") = kDefaultTimeBudgetSeconds,
-      py::arg("tolerance") = kDefaultSearchTolerance, py::arg("on_trial") = nullptr);
   m.attr("DEFAULT_MAX_BATCH") = kDefaultMaxBatch;
   m.attr("DEFAULT_TOLERANCE") = kDefaultThroughputTolerance;
   m.attr("DEFAULT_MARGIN") = kDefaultMargin;
   m.attr("MAX_MARGIN") = kMaxMargin;
 
   py::class_<SweepRow>(m, "SweepRow")
-      .def(py::init<>())
       .def_readwrite("batch_size", &SweepRow::batch_size)
       .def_readwrite("samples_per_s", &SweepRow::samples_per_s)
       .def_readwrite("samples_per_s_spread", &SweepRow::samples_per_s_spread)
@@ -270,28 +240,15 @@ void bind_search(py::module_& m) {
       .def_readwrite("utilization", &SweepRow::utilization)
       .def_readwrite("peak_bytes", &SweepRow::peak_bytes)
       .def_readwrite("steps", &SweepRow::steps);
-  m.def("sweep_grid", &sweep_grid);
-  m.def("sweep_row", &sweep_row);
 
   py::class_<Selection>(m, "Selection")
-      .def(py::init<>())
       .def_readwrite("batch_size", &Selection::batch_size)
       .def_readwrite("reason", &Selection::reason)
       .def_readwrite("confidence", &Selection::confidence)
       .def_readwrite("contenders", &Selection::contenders);
   py::class_<Diagnosis>(m, "Diagnosis")
-      .def(py::init<>())
       .def_readwrite("kind", &Diagnosis::kind)
       .def_readwrite("text", &Diagnosis::text);
-  m.def(
-      "select_batch",
-      [](const std::vector<SweepRow>& rows, const std::string& objective, double tolerance) {
-        return select_batch(rows, parse_objective(objective), tolerance);
-      },
-      py::arg("rows"), py::arg("objective") = "throughput",
-      py::arg("tolerance") = kDefaultThroughputTolerance);
-  m.def("diagnose", &diagnose, py::arg("rows"), py::arg("chosen"),
-        py::arg("tolerance") = kDefaultThroughputTolerance);
 }
 
 void bind_plan(py::module_& m) {
@@ -339,17 +296,6 @@ void bind_plan(py::module_& m) {
       },
       "Reads and checks a plan (JSON text); returns it as JSON text.");
   m.def("scheduled_lr", &scheduled_lr, py::arg("lr"), py::arg("warmup_steps"), py::arg("step"));
-  m.def("scale_lr", [](double base_lr, int64_t base_batch, int64_t global_batch,
-                       const std::string& scaling) {
-    return scale_lr(base_lr, base_batch, global_batch, parse_lr_scaling(scaling, "lr_scaling"));
-  });
-  m.def(
-      "choose_cpu_amp",
-      [](const std::vector<double>& speedups, int64_t batch_size, bool bf16_fits) {
-        const AmpChoice choice = choose_cpu_amp(speedups, batch_size, bf16_fits);
-        return py::make_tuple(amp_name(choice.mode), choice.reason, choice.confidence);
-      },
-      py::arg("speedups"), py::arg("batch_size"), py::arg("bf16_fits") = true);
   m.def("choose_cuda_amp", [](int major, int minor) {
     const AmpChoice choice = choose_cuda_amp(major, minor);
     return py::make_tuple(amp_name(choice.mode), choice.reason);
@@ -358,15 +304,13 @@ void bind_plan(py::module_& m) {
 
 void bind_report(py::module_& m) {
   py::class_<TuneResult>(m, "TuneReport", "Everything a tune found; JSON and HTML are views.")
-      .def(py::init<>())
       .def_readwrite("workload", &TuneResult::workload)
       .def_readwrite("device", &TuneResult::device)
       .def_readwrite("threads", &TuneResult::threads)
       .def_readwrite("search", &TuneResult::search)
       .def_readwrite("sweep", &TuneResult::sweep)
-      .def_property(
-          "objective", [](const TuneResult& r) { return to_string(r.objective); },
-          [](TuneResult& r, const std::string& name) { r.objective = parse_objective(name); })
+      .def_property_readonly("objective",
+                             [](const TuneResult& r) { return to_string(r.objective); })
       .def_readwrite("selection", &TuneResult::selection)
       .def_readwrite("diagnosis", &TuneResult::diagnosis)
       .def_readwrite("capacity_bytes", &TuneResult::capacity_bytes)
@@ -391,12 +335,7 @@ void bind_report(py::module_& m) {
             return dump(to_json(*r.plan));
           },
           "The plan as JSON text (the fields of `batchtune plan --json`), or None.")
-      .def("add_timeline_point",
-           [](TuneResult& r, double seconds, std::optional<double> utilization) {
-             r.timeline.push_back({seconds, utilization});
-           })
-      .def("to_json", [](const TuneResult& r) { return dump(to_json(r)); })
-      .def("html", [](const TuneResult& r) { return html_report(r); });
+      .def("to_json", [](const TuneResult& r) { return dump(to_json(r)); });
 }
 
 }  // namespace
@@ -426,7 +365,6 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("env_json", [] { return dump(to_json(collect_environment())); },
         "`batchtune env --json` as JSON text.");
-  m.def("configure_threads", &configure_threads);
   bind_memory(m);
   bind_trial(m);
   bind_search(m);

@@ -268,8 +268,8 @@ void bind_tune(py::module_& m) {
       m, "TuneReporter",
       "What a tune reports as it goes; subclass and override phase_started(phase, what), "
       "trial_started(phase, batch_size), trial_finished(phase, trial, index), "
-      "phase_finished(phase, result), finished(result). Phases: precision, search, sweep, "
-      "noise, loader, plan.")
+      "phase_finished(phase, result), finished(result). Phases: precision, search, lengths, "
+      "sweep, noise, eval, plan, loader.")
       .def(py::init<>());
 
   py::class_<Communicator, PyCommunicator>(

@@ -29,24 +29,6 @@ constexpr double kAmpRoundMinSeconds = 0.1;
 
 }  // namespace
 
-std::string amp_name(AmpMode mode) {
-  switch (mode) {
-    case AmpMode::kOff: return "off";
-    case AmpMode::kBf16: return "bf16";
-    case AmpMode::kFp16: return "fp16";
-    case AmpMode::kAuto: return "auto";
-  }
-  return "off";
-}
-
-AmpMode parse_amp(const std::string& text, const std::string& what) {
-  for (AmpMode mode : {AmpMode::kOff, AmpMode::kBf16, AmpMode::kFp16, AmpMode::kAuto}) {
-    if (text == amp_name(mode)) return mode;
-  }
-  throw Error(fmt::format("{}: unknown mixed precision '{}'; use off, bf16, fp16 or auto", what,
-                          text));
-}
-
 c10::ScalarType amp_dtype(AmpMode mode) {
   switch (mode) {
     case AmpMode::kBf16: return c10::ScalarType::BFloat16;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "batchtune/data/dataset.h"
-#include "batchtune/plan/plan.h"
+#include "batchtune/data/loader_limits.h"
 
 namespace batchtune {
 

@@ -8,7 +8,7 @@
 
 #include "batchtune/data/dataset.h"
 #include "batchtune/data/input_spec.h"
-#include "batchtune/plan/plan.h"
+#include "batchtune/data/length_bucket.h"
 
 namespace batchtune {
 

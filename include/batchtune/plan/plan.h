@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "batchtune/step/amp.h"
+#include "batchtune/common/counts.h"
+#include "batchtune/common/precision.h"
+#include "batchtune/data/length_bucket.h"
+#include "batchtune/data/loader_limits.h"
 
 namespace batchtune {
 
@@ -29,21 +32,6 @@ LrScaling default_lr_scaling(const std::string& optimizer);
 /// raised. Larger scale factors, which are less stable early, warm up longer.
 constexpr int64_t kWarmupStepsPerLrDoubling = 20;
 
-/// Defaults of the input pipeline until the input-pipeline work lands: data
-/// are gathered on the training thread from memory, so no workers; batches
-/// prefetched two ahead, as PyTorch's DataLoader does per worker.
-constexpr int64_t kDefaultWorkers = 0;
-constexpr int64_t kDefaultPrefetch = 2;
-/// Loader threads at most: each is a thread and a batch in flight, and past a
-/// few per core they only contend (no host we know of has 256 cores to spare
-/// for decoding); 40000 would exhaust the process's threads.
-constexpr int64_t kMaxWorkers = 256;
-/// Batches built ahead per worker at most: each one is host memory.
-constexpr int64_t kMaxPrefetch = 64;
-/// Batch sizes, accumulation steps, world sizes, global batches and warm-up
-/// steps above this are typos: 2^40 samples per step is far past any device.
-/// Products of them are computed with overflow checks.
-constexpr int64_t kMaxPlanCount = int64_t{1} << 40;
 /// Learning rates above this are typos (and past float32's range they are
 /// inf inside the optimizer).
 constexpr double kMaxLearningRate = 1e3;
@@ -58,9 +46,6 @@ constexpr int64_t kDefaultBaseBatch = 64;
 /// global batch exactly only down to this share of it when no measured
 /// speeds say what it costs.
 constexpr double kUnmeasuredMicroBatchShare = 0.5;
-
-/// `a × b`, or nullopt when it would pass `kMaxPlanCount` (or overflow).
-std::optional<int64_t> checked_product(int64_t a, int64_t b);
 
 /// What a plan reason explains: each value of a plan has one reason, which
 /// says where the value came from.
@@ -102,14 +87,6 @@ struct PlanWorkload {
   std::string device;       ///< `cpu`, `cuda:0`
   int64_t memory_limit_bytes = 0;  ///< the usable budget the micro-batch was measured under
   bool empty() const { return model.empty(); }
-};
-
-/// One length bucket of a token-budget plan: sequences of up to
-/// `max_length` tokens (longer than the bucket before), `micro_batch_size`
-/// of them per micro-batch at that length.
-struct LengthBucket {
-  int64_t max_length = 0;
-  int64_t micro_batch_size = 0;
 };
 
 /// How to train: the batch sizes, learning rate and precision that move
@@ -232,13 +209,6 @@ int64_t warmup_rule(double lr_factor);
 ///   scheduled_lr(0.4, 4, 99);  // 0.4
 /// ```
 double scheduled_lr(double lr, int64_t warmup_steps, int64_t step);
-
-/// Checks a token budget and its buckets: a budget of at least 1, at least
-/// one bucket, bounds strictly rising, each micro-batch at least 1 and its
-/// padded tokens (micro-batch × bound) within the budget. Throws
-/// `batchtune::Error` as "`source`: field `length_buckets`: what is wrong".
-void check_length_buckets(int64_t token_budget, const std::vector<LengthBucket>& buckets,
-                          const std::string& source);
 
 /// The plan as JSON, with exactly the fields of `Plan` (and `reasons`;
 /// `token_budget` and `length_buckets` only when the plan has a budget).

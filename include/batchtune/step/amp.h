@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "batchtune/common/clock.h"
+#include "batchtune/common/precision.h"
 
 namespace batchtune {
 
@@ -20,14 +21,8 @@ class TrialRunner;
 class Workload;
 struct TrialResult;
 
-/// Mixed precision of a plan. `kAuto` is only ever asked for: `choose_amp`
-/// turns it into one of the other three before a plan holds it.
-enum class AmpMode { kOff, kBf16, kFp16, kAuto };
+// `AmpMode`, `amp_name` and `parse_amp` are in `common/precision.h`.
 
-/// `off`, `bf16`, `fp16`, `auto`.
-std::string amp_name(AmpMode mode);
-/// Parses `off|bf16|fp16|auto`; throws `batchtune::Error` naming `what`.
-AmpMode parse_amp(const std::string& text, const std::string& what = "--amp");
 /// The autocast dtype of a mode (`kBFloat16`, `kHalf`); undefined for off.
 c10::ScalarType amp_dtype(AmpMode mode);
 
