@@ -10,6 +10,7 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/distributed/data_parallel.h"
@@ -99,8 +100,10 @@ void check_energy_readable(Objective objective, const std::string& sampler_reaso
   if (objective != Objective::kEnergy) return;
   if (sampler_reason.find("energy") != std::string::npos &&
       sampler_reason.find("power") != std::string::npos) {
-    throw Error(fmt::format("--objective energy: {}; use --objective throughput or goodput here",
-                            energy_unavailable_note(sampler_reason)));
+    throw OptionError(Option::kObjective,
+                      fmt::format("energy: {}; use {} throughput or goodput here",
+                                  energy_unavailable_note(sampler_reason),
+                                  mention(Option::kObjective)));
   }
 }
 
@@ -164,10 +167,11 @@ std::string no_fit_message(const SearchResult& search, const DeviceMemory& memor
   std::string needed = fmt::format("its peak reached {}", format_bytes(smallest->peak_bytes));
   if (!smallest->error.empty()) needed += ": " + first_line(smallest->error);
   return fmt::format(
-      "--memory-limit: not even batch {} fits in the {} usable ({} capacity less the {:.0f} % "
-      "margin); {}; give a larger --memory-limit, a smaller --margin or a smaller model",
+      "not even batch {} fits in the {} usable ({} capacity less the {:.0f} % margin); {}; give a "
+      "larger {}, a smaller {} or a smaller model",
       smallest->batch_size, format_bytes(memory.usable_bytes()),
-      format_bytes(memory.capacity_bytes()), 100 * margin, needed);
+      format_bytes(memory.capacity_bytes()), 100 * margin, needed, mention(Option::kMemoryLimit),
+      mention(Option::kMargin));
 }
 
 /// The tune: the precision first, then everything at that precision.
@@ -366,7 +370,7 @@ class Pipeline {
     }
     // Not even batch 1 fitting is bad input, not a result: said before any table.
     if (found.max_batch_size < 1 && !found.trials.empty()) {
-      throw Error(no_fit_message(found, memory_, options_.margin()));
+      throw OptionError(Option::kMemoryLimit, no_fit_message(found, memory_, options_.margin()));
     }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
@@ -480,10 +484,11 @@ class Pipeline {
       check_stop();
       const Dataset* data = options_.data();
       if (workload_ == nullptr) {
-        throw Error("--objective goodput: needs the workload's own training loop (a C++ Workload)");
+        throw OptionError(Option::kObjective,
+                          "goodput: needs the workload's own training loop (a C++ Workload)");
       }
       if (data == nullptr) {
-        throw Error("--objective goodput: needs float inputs to train on; use --data");
+        throw OptionError(Option::kObjective, "goodput: needs float inputs to train on; use --data");
       }
       reporter_.phase_started(TunePhase::kNoise,
                               fmt::format("noise scale: training {} steps on {} (at most {:.0f} s)",
@@ -668,30 +673,34 @@ class Pipeline {
 
 void validate(const TuneOptions& options) {
   if (options.search().max_batch() > kMaxPlanCount) {
-    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
-                            options.search().max_batch()));
+    throw OptionError(Option::kMaxBatch, fmt::format("must be at most {}, got {}", kMaxPlanCount,
+                                                     options.search().max_batch()));
   }
   check_margin(options.margin());
   if (!(options.time_budget_s() >= kMinTimeBudgetSeconds)) {
-    throw Error(fmt::format("--time-budget: must be at least {:.0f} s, got {}; a tune needs time "
-                            "for its precision, search and sweep",
-                            kMinTimeBudgetSeconds, options.time_budget_s()));
+    throw OptionError(Option::kTimeBudget,
+                      fmt::format("must be at least {:.0f} s, got {}; a tune needs time for its "
+                                  "precision, search and sweep",
+                                  kMinTimeBudgetSeconds, options.time_budget_s()));
   }
   if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
-                            options.tolerance()));
+    throw OptionError(Option::kTolerance,
+                      fmt::format("must be at least 0 and below 1, got {}", options.tolerance()));
   }
   if (!(options.eta() >= 0 && options.eta() <= 1)) {
-    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
-                            options.eta()));
+    throw OptionError(Option::kEta,
+                      fmt::format("must be between 0 (time only) and 1 (energy only), got {}",
+                                  options.eta()));
   }
   if (options.noise_steps() < 1 || options.noise_steps() > kMaxNoiseRunSteps) {
-    throw Error(fmt::format("--noise-steps: must be from 1 to {}, got {}", kMaxNoiseRunSteps,
-                            options.noise_steps()));
+    throw OptionError(Option::kNoiseSteps, fmt::format("must be from 1 to {}, got {}",
+                                                       kMaxNoiseRunSteps, options.noise_steps()));
   }
   if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
-    throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
-                "--target-batch out, or use --objective throughput with it");
+    throw OptionError(Option::kTargetBatch,
+                      fmt::format("{0} goodput chooses the global batch itself; leave {1} out, or "
+                                  "use {0} throughput with it",
+                                  mention(Option::kObjective), mention(Option::kTargetBatch)));
   }
   validate(options.plan());
   if (options.monitor() != nullptr) {
@@ -805,8 +814,9 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
   TuneResult tuned = tune(workload, memory, options, reporter);
   if (!tuned.complete) throw Interrupted();
   if (!tuned.plan) {
-    throw Error(fmt::format("--batch-size: the quick tune found no micro-batch ({}); give one",
-                            tuned.search.stop_reason));
+    throw OptionError(Option::kBatchSize,
+                      fmt::format("the quick tune found no micro-batch ({}); give one",
+                                  tuned.search.stop_reason));
   }
   Plan plan = *tuned.plan;
   if (plan.micro_batch_size == tuned.selection.batch_size) {
