@@ -161,8 +161,8 @@ class BatchTune(Callback):
     """
 
     def __init__(self, *, objective: str = "throughput", amp: Optional[str] = None,
-                 target_batch: Optional[int] = None, margin: float = 0.1,
-                 time_budget: float = 120, report: Optional[str] = None,
+                 target_batch: Optional[int] = None, margin: float = _core.DEFAULT_MARGIN,
+                 time_budget: float = _core.DEFAULT_TIME_BUDGET, report: Optional[str] = None,
                  memory_limit=None, batch_arg_name: str = "batch_size", scale_lr: bool = True,
                  base_lr: Optional[float] = None, base_batch: Optional[int] = None,
                  make_batch: Optional[Callable[[int], Any]] = None,
