@@ -1,4 +1,5 @@
 #include "batchtune/tuning/search.h"
+#include "batchtune/common/option.h"
 
 #include <gtest/gtest.h>
 
@@ -223,6 +224,18 @@ TEST(Search, BadOptionsAreUserErrors) {
   EXPECT_THROW(search_max_batch(device, SearchOptions().time_budget_s(0)), Error);
   EXPECT_THROW(search_max_batch(device, SearchOptions().tolerance(1)), Error);
   EXPECT_THROW(parse_search_strategy("random"), Error);
+}
+
+TEST(Search, ItsToleranceIsNamedAsTheSearchTolerance) {
+  const auto device = fake_device([](int64_t b) { return 1.0 * b; });
+  try {
+    search_max_batch(device, SearchOptions().tolerance(1));
+    FAIL() << "no error";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kSearchTolerance);
+    EXPECT_EQ(std::string(e.what()).rfind("--search-tolerance: ", 0), 0u) << e.what();
+    EXPECT_EQ(e.message(FrontEnd::kPython).rfind("search_tolerance: ", 0), 0u);
+  }
 }
 
 TEST(Search, RealPathOnTheCpuBudget) {

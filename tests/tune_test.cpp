@@ -11,6 +11,7 @@
 #include <string>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/step/training_step.h"
@@ -394,6 +395,40 @@ TEST(Tune, ARunnerTuneKeepsTheRunnersClock) {
   const Clock* own = &runner.clock();
   tune(runner, TuneOptions().time_budget_s(5).clock(&clock).search_only(true));
   EXPECT_EQ(&runner.clock(), own) << "the tune's clock is lent for the run only";
+}
+
+TEST(Tune, WithoutASweepThePlanIsAtTheLargestThatFits) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
+  TimedSubject subject(clock, AmpMode::kOff, 5, 0.1);
+  TrialRunner runner(subject, *memory, 0.1);
+  const TuneResult r = tune(runner, TuneOptions().time_budget_s(20).clock(&clock).sweep(false));
+  ASSERT_GT(r.search.max_batch_size, 0);
+  EXPECT_TRUE(r.sweep.empty());
+  EXPECT_FALSE(r.search_only);
+  EXPECT_EQ(r.selection.batch_size, r.search.max_batch_size);
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_EQ(r.plan->micro_batch_size, r.search.max_batch_size);
+}
+
+TEST(Tune, ResolveChecksTheNestedOptionsAndKeepsOnePrecision) {
+  const auto option_of = [](const TuneOptions& options) {
+    try {
+      resolve(options);
+    } catch (const OptionError& e) {
+      return std::optional<Option>(e.option());
+    }
+    return std::optional<Option>();
+  };
+  EXPECT_EQ(option_of(TuneOptions().search(SearchOptions().tolerance(1))), Option::kSearchTolerance);
+  EXPECT_EQ(option_of(TuneOptions().search(SearchOptions().max_batch(0))), Option::kMaxBatch);
+  EXPECT_EQ(option_of(TuneOptions().time_budget_s(0.5)), Option::kTimeBudget);
+  EXPECT_EQ(option_of(TuneOptions()), std::nullopt);
+  PlanRequest request;
+  request.amp = AmpMode::kBf16;
+  const ResolvedTuneOptions resolved = resolve(TuneOptions().amp(AmpMode::kAuto).plan(request));
+  EXPECT_EQ(resolved->amp(), AmpMode::kBf16);
+  EXPECT_FALSE(resolved->plan().amp.has_value()) << "one precision field";
 }
 
 TEST(Tune, EveryTrialRunsAtThePrecisionTheTuneResolved) {

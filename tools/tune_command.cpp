@@ -120,11 +120,12 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       .cores(std::max(1u, std::thread::hardware_concurrency()))
       .plan(plan_request(flags.plan, cmd, flags.workload.lr))
       .command_line(own_command_line());
-  validate(options);  // bad input fails before anything is printed
+  // Every option checked once: bad input fails before anything is printed.
+  ResolvedTuneOptions resolved_options = resolve(options);
   // Ctrl-C or SIGTERM stops after the current trial; what was measured is
   // written, marked incomplete (a second one ends at once).
   InterruptHandler interrupts;
-  options.stop([]() -> std::optional<std::string> {
+  resolved_options.stop([]() -> std::optional<std::string> {
     if (interrupt_requested()) return interrupt_name();
     return std::nullopt;
   });
@@ -153,10 +154,10 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   // Data parallel: every rank probes its own device; rank 0 alone prints.
   Job job = join_job(flags.distributed, env, resolved.memory->device());
   DataParallel data_parallel(job.communicator.get());
-  options.data_parallel(&data_parallel).data(data.train.get());
+  resolved_options.data_parallel(&data_parallel).data(data.train.get());
   Monitor monitor(make_sampler(resolved.memory->device()),
                   MonitorOptions().interval_ms(kTuneMonitorIntervalMs));
-  options.monitor(&monitor);
+  resolved_options.monitor(&monitor);
 
   const bool to_stdout = flags.json == "-";
   std::ostream& out = !job.primary() ? null_stream() : to_stdout ? std::cerr : std::cout;
@@ -183,7 +184,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   if (job.primary() && !flags.report.empty()) reporters.add(&html);
   if (job.primary() && !flags.json.empty()) reporters.add(&json);
 
-  const TuneResult result = tune(*resolved.workload, *resolved.memory, options, &reporters);
+  WorkloadSubject subject(*resolved.workload, *resolved.memory, resolved_options->margin());
+  const TuneResult result = tune(subject, *resolved.memory, resolved_options, &reporters);
   return result.complete ? 0 : interrupt_exit_code();
 }
 

@@ -92,8 +92,12 @@ def python_text(text: str, said: Optional[Dict[str, str]] = None) -> str:
 
 
 def python_names(error: Exception) -> Exception:
-    """The C++ core's error, its message in `python_text`'s names."""
-    return type(error)(python_text(str(error)))
+    """The C++ core's error, its message in `python_text`'s names (and the
+    option it is about, where it says one)."""
+    named = type(error)(python_text(str(error)))
+    if getattr(error, "option", None) is not None:
+        named.option = error.option
+    return named
 
 
 def installed_limit() -> Optional[int]:

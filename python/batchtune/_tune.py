@@ -280,7 +280,7 @@ def _measured_device(device: torch.device, memory_limit: MemoryLimit, model, opt
 
 def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
           make_batch: MakeBatch, batch_size: int = 64, *, device: Union[str, torch.device, None] = None,
-          memory_limit: MemoryLimit = None, margin: float = 0.1, steps: int = 3,
+          memory_limit: MemoryLimit = None, margin: float = _core.DEFAULT_MARGIN, steps: int = 3,
           warmup_steps: int = 1, amp: str = "auto",
           min_time: float = _core.SWEEP_MIN_TIMED_SECONDS) -> ProbeResult:
     """One trial: the real step (your forward and loss, backward, your
@@ -363,9 +363,11 @@ def _probe_amp(amp: str, dev: torch.device, runner_at, batch_size: int) -> Tuple
 def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
          make_batch: MakeBatch, device: Union[str, torch.device, None] = None, amp: str = "auto",
          objective: str = "throughput", target_batch: Optional[int] = None,
-         memory_limit: MemoryLimit = None, margin: float = 0.1, time_budget: float = 120,
-         report: Optional[str] = None, *, strategy: str = "predict",
-         max_batch: int = 8192, tolerance: float = 0.02, search_tolerance: float = 0.02,
+         memory_limit: MemoryLimit = None, margin: float = _core.DEFAULT_MARGIN,
+         time_budget: float = _core.DEFAULT_TIME_BUDGET, report: Optional[str] = None, *,
+         strategy: str = "predict", max_batch: int = _core.DEFAULT_MAX_BATCH,
+         tolerance: float = _core.DEFAULT_TOLERANCE,
+         search_tolerance: float = _core.DEFAULT_SEARCH_TOLERANCE,
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
          multiple_of: Optional[int] = None, group: Optional[Any] = None,
@@ -428,15 +430,12 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if objective not in ("throughput", "max-fit"):
         raise _core.Error(f"objective: '{objective}' from Python is throughput or max-fit "
                           "(goodput and energy: the CLI)")
+    # The Python types here; every range once, in the C++ options' resolve.
     margin = _checks.number("margin", margin, f"from 0 to {_core.MAX_MARGIN:g}")
     tolerance = _checks.number("tolerance", tolerance, "at least 0 and below 1")
     search_tolerance = _checks.number("search_tolerance", search_tolerance, "at least 0 and below 1")
-    if not (0 <= tolerance < 1):
-        raise _core.Error(f"tolerance: must be at least 0 and below 1, got {tolerance}")
     target_batch = _checks.optional_integer("target_batch", target_batch)
-    time_budget = _checks.number("time_budget", time_budget, "positive seconds")
-    if not (time_budget > 0):
-        raise _core.Error(f"time_budget: must be positive seconds, got {time_budget}")
+    time_budget = _checks.number("time_budget", time_budget, "seconds, at least 1")
     max_batch = _checks.integer("max_batch", max_batch)
     base_batch = _checks.optional_integer("base_batch", base_batch)
     multiple_of = _checks.optional_integer("multiple_of", multiple_of)
@@ -459,16 +458,13 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if not (lr > 0):
         raise _core.Error("base_lr: every parameter group of the optimizer has lr 0; give base_lr "
                           "(the lr the plan scales) or an optimizer with a positive lr")
-    try:
-        options = _core.TuneOptions(
-            amp=amp, margin=margin, strategy=strategy, max_batch=max_batch, search_tolerance=search_tolerance,
-            time_budget_s=float(time_budget), objective=objective, tolerance=tolerance,
-            target_batch=target_batch, base_lr=lr, base_batch=base_batch,
-            lr_scaling=lr_scaling, warmup_steps=warmup_steps,
-            optimizer=optimizer_kind(optimizer), multiple_of=multiple_of)
-        options.validate()
-    except _core.Error as e:
-        raise python_names(e) from None
+    # Resolved once, every option checked (its errors named as Python names them).
+    options = _core.TuneOptions(
+        amp=amp, margin=margin, strategy=strategy, max_batch=max_batch,
+        search_tolerance=search_tolerance, time_budget_s=float(time_budget), objective=objective,
+        tolerance=tolerance, target_batch=target_batch, base_lr=lr, base_batch=base_batch,
+        lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
+        multiple_of=multiple_of, sweep=sweep).resolve()
     communicator = _distributed.communicator(group)
     started = time.perf_counter()
     written = None
@@ -485,9 +481,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         try:
             with _python_stderr(verbose, said):
                 core = _core.tune(make_runner, memory, options, communicator=communicator,
-                                  verbose=verbose, report=report or "", sweep=sweep)
-        except _core.Error as e:
-            raise python_names(e) from None
+                                  verbose=verbose, report=report or "")
         finally:
             for subject in subjects:
                 subject.batch = None

@@ -121,8 +121,8 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                        train_dataset: Any = None, *,
                        data_collator: Optional[Callable] = None,
                        target_batch: Optional[int] = None, objective: str = "throughput",
-                       amp: str = "auto", memory_limit=None, margin: float = 0.1,
-                       time_budget: float = 120, report: Optional[str] = None,
+                       amp: str = "auto", memory_limit=None, margin: float = _core.DEFAULT_MARGIN,
+                       time_budget: float = _core.DEFAULT_TIME_BUDGET, report: Optional[str] = None,
                        return_result: bool = False, quiet: bool = False,
                        **tune_kwargs: Any) -> Union["transformers.TrainingArguments",
                                                     Tuple["transformers.TrainingArguments", TuneResult]]:
@@ -215,7 +215,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
 
     kwargs = dict(tune_kwargs)
     if make_batch.size is not None:
-        kwargs["max_batch"] = min(kwargs.get("max_batch", 8192), max(1, make_batch.size // world))
+        kwargs["max_batch"] = min(kwargs.get("max_batch", _core.DEFAULT_MAX_BATCH), max(1, make_batch.size // world))
     lr_scaling = kwargs.get("lr_scaling")
     warmup = kwargs.get("warmup_steps")
     # The base lr is the TrainingArguments', not a base_lr the caller gave.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -149,6 +149,10 @@ class BatchTune(Callback):
         base_lr, base_batch: the lr known to work and its global batch
             (default: the optimizer's lr at the configured `batch_size` ×
             `accumulate_grad_batches` × ranks).
+        make_batch, loss_fn: your own `make_batch(n)` (a batch of n samples
+            as `training_step` receives it) and `loss_fn(module, batch)` (the
+            scalar loss); None: batches of the train dataloader's data set,
+            heaviest first, and the module's `training_step`.
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `tolerance`,
             `lr_scaling`, `warmup_steps`, `strategy`, `verbose`, ...).
 
@@ -157,11 +161,12 @@ class BatchTune(Callback):
     """
 
     def __init__(self, *, objective: str = "throughput", amp: Optional[str] = None,
-                 target_batch: Optional[int] = None, margin: float = 0.1,
-                 time_budget: float = 120, report: Optional[str] = None,
+                 target_batch: Optional[int] = None, margin: float = _core.DEFAULT_MARGIN,
+                 time_budget: float = _core.DEFAULT_TIME_BUDGET, report: Optional[str] = None,
                  memory_limit=None, batch_arg_name: str = "batch_size", scale_lr: bool = True,
                  base_lr: Optional[float] = None, base_batch: Optional[int] = None,
-                 **tune_kwargs: Any):
+                 make_batch: Optional[Callable[[int], Any]] = None,
+                 loss_fn: Optional[Callable] = None, **tune_kwargs: Any):
         super().__init__()
         if amp is not None and amp not in ("auto", "off", "bf16", "fp16"):
             raise _core.Error(f"amp: '{amp}' is not one of None (the Trainer's precision), auto, "
@@ -184,6 +189,8 @@ class BatchTune(Callback):
         self.scale_lr = scale_lr
         self.base_lr = base_lr
         self.base_batch = base_batch
+        self.make_batch = make_batch
+        self.loss_fn = loss_fn
         self.tune_kwargs = tune_kwargs
         self.result: Optional[TuneResult] = None
         self.plan: Optional[Plan] = None
@@ -269,26 +276,31 @@ class BatchTune(Callback):
         world = trainer.world_size
         rank = trainer.global_rank
         device = pl_module.device
-        loader = self._train_loader(trainer, pl_module)
+        make_batch = self.make_batch
+        if make_batch is None:
+            loader = self._train_loader(trainer, pl_module)
 
-        def transfer(batch):
-            batch = pl_module.on_before_batch_transfer(batch, 0)
-            batch = pl_module.transfer_batch_to_device(batch, device, 0)
-            return pl_module.on_after_batch_transfer(batch, 0)
+            def transfer(batch):
+                batch = pl_module.on_before_batch_transfer(batch, 0)
+                batch = pl_module.transfer_batch_to_device(batch, device, 0)
+                return pl_module.on_after_batch_transfer(batch, 0)
 
-        make_batch = HeaviestFirst(loader.dataset, loader.collate_fn, convert=transfer,
-                                   what="train_dataloader()'s data set")
-        takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
+            make_batch = HeaviestFirst(loader.dataset, loader.collate_fn, convert=transfer,
+                                       what="train_dataloader()'s data set")
+        loss_fn = self.loss_fn
+        if loss_fn is None:
+            takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
 
-        def loss_fn(module, batch):
-            out = module.training_step(batch, 0) if takes_index else module.training_step(batch)
-            return _loss_of(out)
+            def loss_fn(module, batch):
+                out = module.training_step(batch, 0) if takes_index else module.training_step(batch)
+                return _loss_of(out)
 
         kwargs = dict(self.tune_kwargs)
-        if make_batch.size is not None:
+        size = getattr(make_batch, "size", None)
+        if size is not None:
             # A batch larger than this rank's share of the data never occurs.
-            share = max(1, make_batch.size // world)
-            kwargs["max_batch"] = min(kwargs.get("max_batch", 8192), share)
+            share = max(1, size // world)
+            kwargs["max_batch"] = min(kwargs.get("max_batch", _core.DEFAULT_MAX_BATCH), share)
         amp = self.amp if self.amp is not None else trainer_amp(trainer)
         configured = int(lightning_getattr(pl_module, self.batch_arg_name))
         base_batch = self.base_batch or configured * trainer.accumulate_grad_batches * world

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/budget_allocator.h"
@@ -348,9 +349,15 @@ PYBIND11_MODULE(_core, m) {
   // Bad input: ValueError with the one-line message. An emulated out-of-memory
   // raised by C++ code itself: torch.OutOfMemoryError, as PyTorch raises it.
   static py::exception<Error> error(m, "Error", PyExc_ValueError);
+  error.attr("option") = py::none();  // an OptionError's Python name (`memory_limit`)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const OptionError& e) {
+      // Named as Python names it (`memory_limit`), the option as data.
+      py::object raised = py::reinterpret_borrow<py::object>(error.ptr())(e.message(FrontEnd::kPython));
+      raised.attr("option") = option_name(e.option(), FrontEnd::kPython);
+      PyErr_SetObject(error.ptr(), raised.ptr());
     } catch (const Error& e) {
       py::set_error(error, e.what());
     } catch (const Interrupted&) {

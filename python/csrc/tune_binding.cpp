@@ -146,27 +146,40 @@ std::optional<std::string> python_stop() {
   return std::nullopt;
 }
 
-/// `sweep=False` from Python: the search alone, then the plan at the largest
-/// batch that fits (`batchtune tune --search-only` makes no plan).
-void plan_at_the_maximum(TuneResult& r, const TuneOptions& options, DataParallel& data_parallel,
-                         const DeviceMemory& memory) {
-  r.search_only = false;
-  if (!r.complete || r.search.max_batch_size < 1) return;
-  r.selection = {r.search.max_batch_size, "the largest batch that fits (no sweep)", 1.0, {}};
-  PlanRequest request = options.plan();
-  request.world_size = data_parallel.world_size();
-  const std::string micro_reason = micro_batch_reason(
-      r.selection.batch_size, r.selection.reason, r.rank_max_batch_size, r.search.max_batch_size);
-  const Plan plan = build_subject_plan(request, {r.selection.batch_size, micro_reason},
-                                       {r.amp, r.amp_reason}, memory.device().is_cuda());
-  r.plan = data_parallel.agree_plan(plan);
-}
+/// The Python adapter of the pipeline's subject: `make_runner(amp)` gives
+/// the `TrialRunner` of each precision (the package's `Runner` over the
+/// user's model, optimizer, loss and batches), kept alive for the whole
+/// tune; its plans are subject plans; the batches are `make_batch`'s, so no
+/// loader is timed.
+class PythonSubject final : public TuneSubject {
+ public:
+  explicit PythonSubject(py::function make_runner) : make_runner_(std::move(make_runner)) {}
+  ~PythonSubject() override {
+    py::gil_scoped_acquire gil;
+    runners_.clear();
+  }
 
-TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory, TuneOptions options,
-                    TuneReporter* reporter, Communicator* communicator, bool verbose,
-                    const std::string& report, bool sweep) {
-  options.search_only(!sweep);
-  validate(options);  // bad input before anything is printed
+  TrialRunner& runner(AmpMode amp) override {
+    py::gil_scoped_acquire gil;
+    auto& runner = runners_[amp];
+    if (!runner) runner = make_runner_(amp_name(amp));
+    return runner.cast<TrialRunner&>();
+  }
+  Plan plan(const PlanRequest& request, const MicroBatchChoice& micro, const AmpChoice& amp,
+            const DeviceMemory& memory) override {
+    return build_subject_plan(request, micro, amp, memory.device().is_cuda());
+  }
+  std::string loader_skipped_note() const override { return kPythonLoaderNote; }
+
+ private:
+  py::function make_runner_;
+  std::map<AmpMode, py::object> runners_;
+};
+
+TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
+                    const ResolvedTuneOptions& resolved, TuneReporter* reporter,
+                    Communicator* communicator, bool verbose, const std::string& report) {
+  ResolvedTuneOptions options = resolved;
   clear_keyboard_interrupt();
   options.stop(python_stop);
   DataParallel data_parallel(communicator);
@@ -187,31 +200,8 @@ TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory, TuneO
   }
   if (reporter != nullptr) reporters.add(reporter);
 
-  // Python's runners, one per precision the pipeline asks for, kept alive
-  // for the whole tune.
-  std::map<AmpMode, py::object> runners;
-  const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
-    py::gil_scoped_acquire gil;
-    auto& runner = runners[amp];
-    if (!runner) runner = make_runner(amp_name(amp));
-    return runner.cast<TrialRunner&>();
-  };
-  TuneResult r = tune(runner_at, memory, options, &reporters);
-
-  r.threads = at::get_num_threads();
-  if (!r.complete && keyboard_interrupt_noted()) {
-    // Caught inside a trial (batchtune::Interrupted): name it as Python does.
-    r.interrupted_by = kKeyboardInterrupt;
-    if (r.search.stop_reason == "interrupted by ") r.search.stop_reason += kKeyboardInterrupt;
-  }
-  if (r.loader.rows.empty() && !r.loader.choice) r.loader.note = kPythonLoaderNote;
-  if (!sweep) plan_at_the_maximum(r, options, data_parallel, memory);
-  if (r.plan && r.selection.batch_size != r.plan->micro_batch_size) {
-    // Data parallel: every rank swept its own device; the job trains rank 0's choice.
-    r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
-                                      r.plan->micro_batch_size, r.selection.batch_size);
-    r.selection.batch_size = r.plan->micro_batch_size;
-  }
+  PythonSubject subject(make_runner);
+  const TuneResult r = tune(subject, memory, options, &reporters);
   if (!report.empty() && primary && (!r.sweep.empty() || !r.complete)) {
     write_file_atomically(report, html_report(r));
   }
@@ -229,7 +219,8 @@ void bind_tune(py::module_& m) {
                        std::optional<int64_t> target_batch, std::optional<double> base_lr,
                        std::optional<int64_t> base_batch, std::optional<std::string> lr_scaling,
                        std::optional<int64_t> warmup_steps, std::optional<std::string> optimizer,
-                       std::optional<int64_t> multiple_of, const std::string& command_line) {
+                       std::optional<int64_t> multiple_of, const std::string& command_line,
+                       bool sweep) {
              PlanRequest request;
              request.target_batch = target_batch;
              request.base_lr = base_lr;
@@ -249,6 +240,7 @@ void bind_tune(py::module_& m) {
                  .objective(parse_objective(objective))
                  .tolerance(tolerance)
                  .plan(request)
+                 .sweep(sweep)
                  .command_line(command_line);
            }),
            py::arg("amp") = "auto", py::arg("margin") = kDefaultMargin,
@@ -259,10 +251,15 @@ void bind_tune(py::module_& m) {
            py::arg("target_batch") = py::none(), py::arg("base_lr") = py::none(),
            py::arg("base_batch") = py::none(), py::arg("lr_scaling") = py::none(),
            py::arg("warmup_steps") = py::none(), py::arg("optimizer") = py::none(),
-           py::arg("multiple_of") = py::none(), py::arg("command_line") = "")
+           py::arg("multiple_of") = py::none(), py::arg("command_line") = "",
+           py::arg("sweep") = true)
       .def_property_readonly("time_budget_s", [](const TuneOptions& o) { return o.time_budget_s(); })
       .def_property_readonly("max_batch", [](const TuneOptions& o) { return o.search().max_batch(); })
-      .def("validate", [](const TuneOptions& o) { validate(o); });
+      .def("resolve", [](const TuneOptions& o) { return resolve(o); },
+           "Every option checked once (batchtune.Error naming it), the result what tune takes.");
+
+  py::class_<ResolvedTuneOptions>(m, "ResolvedTuneOptions",
+                                  "TuneOptions checked and completed (TuneOptions.resolve()).");
 
   py::class_<TuneReporter, PyTuneReporter>(
       m, "TuneReporter",
@@ -281,11 +278,23 @@ void bind_tune(py::module_& m) {
 
   m.def("tune", &run_tune, py::arg("make_runner"), py::arg("memory"), py::arg("options"),
         py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
-        py::arg("verbose") = false, py::arg("report") = "", py::arg("sweep") = true,
+        py::arg("verbose") = false, py::arg("report") = "",
         "batchtune::tune: precision, search, sweep, choice, plan under one time budget, with the "
         "utilization monitor; `make_runner(amp)` gives the TrialRunner of each precision it "
         "measures or picks; the result as `TuneReport`. A KeyboardInterrupt in a trial ends it "
         "with what was measured (complete False).");
+  m.def(
+      "tune",
+      [](const py::function& make_runner, DeviceMemory& memory, const TuneOptions& options,
+         TuneReporter* reporter, Communicator* communicator, bool verbose,
+         const std::string& report) {
+        return run_tune(make_runner, memory, resolve(options), reporter, communicator, verbose,
+                        report);
+      },
+      py::arg("make_runner"), py::arg("memory"), py::arg("options"),
+      py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
+      py::arg("verbose") = false, py::arg("report") = "",
+      "The same over options not resolved yet: resolved first (TuneOptions.resolve()).");
 
   m.def(
       "measure_cpu_amp",
@@ -299,6 +308,9 @@ void bind_tune(py::module_& m) {
       "amp auto on the CPU: interleaved fp32 and bf16 rounds; (mode, reason, confidence or "
       "None when inconclusive).");
   m.attr("AMP_PROBE_MAX_BATCH") = kAmpProbeMaxBatch;
+  // The defaults the package's signatures show, from the C++ options.
+  m.attr("DEFAULT_TIME_BUDGET") = kDefaultTimeBudgetSeconds;
+  m.attr("DEFAULT_SEARCH_TOLERANCE") = kDefaultSearchTolerance;
 }
 
 }  // namespace batchtune::python

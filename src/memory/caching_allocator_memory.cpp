@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 
 namespace batchtune {
@@ -16,7 +17,7 @@ class CachingAllocatorMemory final : public DeviceMemory {
   CachingAllocatorMemory(std::unique_ptr<CudaDeviceApi> device, std::optional<int64_t> limit)
       : device_(std::move(device)), total_(device_->total_bytes()) {
     if (limit && *limit <= 0) {
-      throw Error(fmt::format("--memory-limit: must be positive, got {} bytes", *limit));
+      throw OptionError(Option::kMemoryLimit, fmt::format("must be positive, got {} bytes", *limit));
     }
     previous_fraction_ = device_->memory_fraction();
     previous_device_ = device_->current_device();
@@ -24,13 +25,16 @@ class CachingAllocatorMemory final : public DeviceMemory {
     outside_ = outside_now();
     outside_peak_ = outside_;
     if (outside_ + kCudaOutsideGrowthBytes >= capacity_) {
-      throw Error(fmt::format(
-          "{}: {} of cuda:{} leaves nothing for training: {} of the device is already used "
-          "outside the caching allocator (CUDA context, other processes) and {} is kept for "
-          "its growth; {}",
-          limit ? "--memory-limit" : "--device", format_bytes(capacity_), device_->index(),
-          format_bytes(outside_), format_bytes(kCudaOutsideGrowthBytes),
-          limit ? "give a larger limit" : "free the GPU or use another device"));
+      const std::string detail = fmt::format(
+          "{} of cuda:{} leaves nothing for training: {} of the device is already used outside "
+          "the caching allocator (CUDA context, other processes) and {} is kept for its growth; "
+          "{}",
+          format_bytes(capacity_), device_->index(), format_bytes(outside_),
+          format_bytes(kCudaOutsideGrowthBytes),
+          limit ? "give a larger " + mention(Option::kMemoryLimit)
+                : std::string("free the GPU or use another device"));
+      if (limit) throw OptionError(Option::kMemoryLimit, detail);
+      throw Error("--device: " + detail);
     }
     // Every later call on this thread (the model, the step, the
     // synchronisation) runs on this device, and no other device gets a

@@ -6,6 +6,7 @@
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 #include "memory/cuda_support.h"
 
@@ -61,10 +62,11 @@ std::unique_ptr<DeviceMemory> make_device_memory(const c10::Device& device,
   const int64_t capacity = limit.value_or(static_cast<int64_t>(
       static_cast<double>(ram_available_bytes()) * kDefaultCpuBudgetFraction));
   if (budget.live_bytes() > capacity) {
-    throw Error(fmt::format(
-        "--memory-limit: {} is less than the {} already in use before any "
-        "trial; give a larger limit",
-        format_bytes(capacity), format_bytes(budget.live_bytes())));
+    throw OptionError(Option::kMemoryLimit,
+                      fmt::format("{} is less than the {} already in use before any trial; give a "
+                                  "larger {}",
+                                  format_bytes(capacity), format_bytes(budget.live_bytes()),
+                                  mention(Option::kMemoryLimit)));
   }
   return std::make_unique<CpuBudgetMemory>(budget, capacity);
 }

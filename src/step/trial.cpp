@@ -9,6 +9,7 @@
 #include <exception>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/device_memory.h"
@@ -127,9 +128,9 @@ TrialRunner::TrialRunner(TrialSubject& subject, DeviceMemory& memory, double mar
 
 void check_margin(double margin) {
   if (!(margin >= 0 && margin <= kMaxMargin)) {
-    throw Error(fmt::format("--margin: must be from 0 to {:g} (the share of memory kept free), "
-                            "got {}",
-                            kMaxMargin, margin));
+    throw OptionError(Option::kMargin,
+                      fmt::format("must be from 0 to {:g} (the share of memory kept free), got {}",
+                                  kMaxMargin, margin));
   }
 }
 

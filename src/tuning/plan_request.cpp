@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
@@ -14,44 +15,48 @@ namespace batchtune {
 
 void validate(const PlanRequest& r) {
   if (r.micro_batch_size && *r.micro_batch_size < 1) {
-    throw Error(fmt::format("--batch-size: must be at least 1, got {}", *r.micro_batch_size));
+    throw OptionError(Option::kBatchSize,
+                      fmt::format("must be at least 1, got {}", *r.micro_batch_size));
   }
   if (r.target_batch && *r.target_batch < 1) {
-    throw Error(fmt::format("--target-batch: must be at least 1, got {}", *r.target_batch));
+    throw OptionError(Option::kTargetBatch, fmt::format("must be at least 1, got {}", *r.target_batch));
   }
   if (r.base_batch && *r.base_batch < 1) {
-    throw Error(fmt::format("--base-batch: must be at least 1, got {}", *r.base_batch));
+    throw OptionError(Option::kBaseBatch, fmt::format("must be at least 1, got {}", *r.base_batch));
   }
   if (r.warmup_steps && *r.warmup_steps < 0) {
-    throw Error(fmt::format("--warmup: must be 0 or more steps, got {}", *r.warmup_steps));
+    throw OptionError(Option::kWarmup, fmt::format("must be 0 or more steps, got {}", *r.warmup_steps));
   }
   if (r.base_lr && !(*r.base_lr > 0)) {
-    throw Error(fmt::format("--base-lr: must be positive, got {}", *r.base_lr));
+    throw OptionError(Option::kBaseLr, fmt::format("must be positive, got {}", *r.base_lr));
   }
   if (r.workers && (*r.workers < 0 || *r.workers > kMaxWorkers)) {
-    throw Error(fmt::format("--workers: must be 0 (load on the training thread) to {}, got {}",
-                            kMaxWorkers, *r.workers));
+    throw OptionError(Option::kWorkers,
+                      fmt::format("must be 0 (load on the training thread) to {}, got {}",
+                                  kMaxWorkers, *r.workers));
   }
   if (r.prefetch && (*r.prefetch < 0 || *r.prefetch > kMaxPrefetch)) {
-    throw Error(fmt::format("--prefetch: must be 0 to {} batches per worker, got {}",
-                            kMaxPrefetch, *r.prefetch));
+    throw OptionError(Option::kPrefetch, fmt::format("must be 0 to {} batches per worker, got {}",
+                                                     kMaxPrefetch, *r.prefetch));
   }
-  for (const auto& [name, value] : {std::pair{"--batch-size", r.micro_batch_size},
-                                    std::pair{"--target-batch", r.target_batch},
-                                    std::pair{"--base-batch", r.base_batch},
-                                    std::pair{"--warmup", r.warmup_steps}}) {
+  for (const auto& [option, value] : {std::pair{Option::kBatchSize, r.micro_batch_size},
+                                      std::pair{Option::kTargetBatch, r.target_batch},
+                                      std::pair{Option::kBaseBatch, r.base_batch},
+                                      std::pair{Option::kWarmup, r.warmup_steps}}) {
     if (value && *value > kMaxPlanCount) {
-      throw Error(fmt::format("{}: must be at most {}, got {}", name, kMaxPlanCount, *value));
+      throw OptionError(option, fmt::format("must be at most {}, got {}", kMaxPlanCount, *value));
     }
   }
-  for (const auto& [name, value] : {std::pair{"--base-lr", r.base_lr}, std::pair{"--lr", r.lr}}) {
+  for (const auto& [option, value] :
+       {std::pair{Option::kBaseLr, r.base_lr}, std::pair{Option::kLr, r.lr}}) {
     if (value && !(*value <= kMaxLearningRate)) {
-      throw Error(fmt::format("{}: must be at most {:g}, got {:g}", name, kMaxLearningRate, *value));
+      throw OptionError(option,
+                        fmt::format("must be at most {:g}, got {:g}", kMaxLearningRate, *value));
     }
   }
   if (r.multiple_of && (*r.multiple_of < 1 || *r.multiple_of > kMaxPlanCount)) {
-    throw Error(fmt::format("--multiple-of: must be from 1 to {}, got {}", kMaxPlanCount,
-                            *r.multiple_of));
+    throw OptionError(Option::kMultipleOf,
+                      fmt::format("must be from 1 to {}, got {}", kMaxPlanCount, *r.multiple_of));
   }
   if (r.world_size < 1) {
     throw Error(fmt::format("world size: must be at least 1, got {}", r.world_size));

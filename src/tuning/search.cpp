@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -183,8 +184,10 @@ SearchStrategy parse_search_strategy(const std::string& name) {
   if (name == "power") return SearchStrategy::kPower;
   if (name == "binsearch") return SearchStrategy::kBinsearch;
   if (name == "backoff") return SearchStrategy::kBackoff;
-  throw Error(fmt::format(
-      "--strategy: unknown search strategy '{}'; use predict, power, binsearch or backoff", name));
+  throw OptionError(Option::kStrategy,
+                    fmt::format("unknown search strategy '{}'; use predict, power, binsearch or "
+                                "backoff",
+                                name));
 }
 
 std::string to_string(SearchStrategy strategy) {
@@ -219,14 +222,16 @@ std::optional<int64_t> next_batch_size(const std::vector<TrialResult>& trials,
 SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& options,
                               const Clock& clock, const TrialCallback& on_trial) {
   if (options.max_batch() < 1) {
-    throw Error(fmt::format("--max-batch: must be at least 1, got {}", options.max_batch()));
+    throw OptionError(Option::kMaxBatch,
+                      fmt::format("must be at least 1, got {}", options.max_batch()));
   }
   if (!(options.time_budget_s() > 0)) {
-    throw Error(fmt::format("--time-budget: must be positive, got {}", options.time_budget_s()));
+    throw OptionError(Option::kTimeBudget,
+                      fmt::format("must be positive, got {}", options.time_budget_s()));
   }
   if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
-                            options.tolerance()));
+    throw OptionError(Option::kSearchTolerance,
+                      fmt::format("must be at least 0 and below 1, got {}", options.tolerance()));
   }
   const auto now = [&] { return clock.now_s(); };
   const double start = now();

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -60,8 +61,9 @@ Objective parse_objective(const std::string& name) {
   if (name == "max-fit") return Objective::kMaxFit;
   if (name == "goodput") return Objective::kGoodput;
   if (name == "energy") return Objective::kEnergy;
-  throw Error(fmt::format(
-      "--objective: unknown objective '{}'; use throughput, max-fit, goodput or energy", name));
+  throw OptionError(Option::kObjective,
+                    fmt::format("unknown objective '{}'; use throughput, max-fit, goodput or energy",
+                                name));
 }
 
 std::string to_string(Objective objective) {

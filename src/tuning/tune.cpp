@@ -4,19 +4,21 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <memory>
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/monitoring/sampler.h"
-#include "batchtune/step/workload.h"
+#include "partial_results.h"
+#include "tune_budget.h"
+#include "tune_objectives.h"
 
 namespace batchtune {
 namespace {
@@ -29,131 +31,11 @@ constexpr int64_t kSearchTimedSteps = 1;
 /// it (a few trials).
 constexpr double kLateSearchShare = 0.1;
 
-/// The measuring run's micro-batch at most: the noise scale does not depend
-/// on the batch sizes it is measured at, only its spread does, and a short
-/// run at a large micro-batch would take minutes on a CPU.
-constexpr int64_t kNoiseRunMaxMicroBatch = 64;
-/// ... and at least this, where it fits: at micro-batches of 1 or 2 a run of
-/// a few dozen steps often left the smoothed |G|² estimate negative
-/// (Fashion-MNIST, mlp, 20 steps of 2 x 4), so no noise scale at all.
-constexpr int64_t kNoiseRunMinMicroBatch = 8;
-
 /// Thrown inside the pipeline when the stop request says so; caught in
 /// `tune`, which keeps what was measured.
 struct Stopped {
   std::string why;
 };
-
-/// The time budget, phase by phase: each phase gets its share of the whole
-/// plus what the phases before it left unused.
-class Budget {
- public:
-  Budget(const Clock& clock, double total_s) : clock_(clock), total_s_(total_s) {
-    start_s_ = clock_.now_s();
-  }
-  /// Seconds phase `share` may spend from now.
-  double begin_phase(double share) {
-    phase_start_s_ = clock_.now_s();
-    granted_s_ += share * total_s_;
-    return std::max(0.0, start_s_ + granted_s_ - phase_start_s_);
-  }
-  bool phase_over() const { return clock_.now_s() >= start_s_ + granted_s_; }
-  double phase_seconds() const { return clock_.now_s() - phase_start_s_; }
-  double elapsed_s() const { return clock_.now_s() - start_s_; }
-
- private:
-  const Clock& clock_;
-  double total_s_;
-  double start_s_ = 0;
-  double phase_start_s_ = 0;
-  double granted_s_ = 0;
-};
-
-/// What an interrupted tune keeps: the trials it finished, the largest that
-/// fitted as the answer, and a sweep row per batch size timed so far.
-void keep_partial_results(TuneResult& result, const std::vector<TrialResult>& searched,
-                          const std::vector<TrialResult>& swept, SearchStrategy strategy,
-                          const std::string& why) {
-  result.complete = false;
-  result.interrupted_by = why;
-  if (result.search.trials.empty()) {  // stopped during the search
-    result.search.strategy = strategy;
-    result.search.trials = searched;
-    for (const auto& t : searched) {
-      if (t.fits) result.search.max_batch_size = std::max(result.search.max_batch_size, t.batch_size);
-      result.search.steps += t.steps_run;
-    }
-    result.search.stop_reason = "interrupted by " + why;
-  }
-  if (result.sweep.empty()) {
-    // The last timing of each size wins, as in a finished sweep.
-    std::map<int64_t, SweepRow> rows;
-    for (const auto& t : swept) {
-      if (t.fits) rows[t.batch_size] = sweep_row(t);
-    }
-    for (const auto& [batch, row] : rows) result.sweep.push_back(row);
-  }
-}
-
-void check_energy_readable(Objective objective, const std::string& sampler_reason) {
-  if (objective != Objective::kEnergy) return;
-  if (sampler_reason.find("energy") != std::string::npos &&
-      sampler_reason.find("power") != std::string::npos) {
-    throw Error(fmt::format("--objective energy: {}; use --objective throughput or goodput here",
-                            energy_unavailable_note(sampler_reason)));
-  }
-}
-
-/// The energy note, and for `energy` the selection by Zeus cost.
-void apply_energy(TuneResult& result, double eta, const std::string& sampler_reason) {
-  result.eta = eta;
-  const bool all = !result.sweep.empty() &&
-                   std::all_of(result.sweep.begin(), result.sweep.end(),
-                               [](const SweepRow& r) { return r.energy_j_per_sample.has_value(); });
-  result.energy_note = all ? std::string() : energy_unavailable_note(sampler_reason);
-  if (result.objective == Objective::kEnergy && !result.sweep.empty()) {
-    result.energy_costs = energy_costs(result.sweep, eta);
-    result.selection = select_energy(result.sweep, eta, sampler_reason);
-    result.selection.confidence = rows_confidence(result.sweep);
-  }
-}
-
-/// For `goodput`: the noise scale measured on `data` near the throughput
-/// choice, the candidates and the choice; returns the global batch to plan.
-int64_t apply_goodput(TuneResult& result, const TuneOptions& options, Workload& workload,
-                      DeviceMemory& memory, const Dataset& data, double seconds) {
-  int64_t largest = 0;
-  int64_t smallest = result.sweep.front().batch_size;
-  for (const auto& row : result.sweep) {
-    largest = std::max(largest, row.batch_size);
-    smallest = std::min(smallest, row.batch_size);
-  }
-  const int64_t micro =
-      std::min(std::max(result.selection.batch_size, std::min(kNoiseRunMinMicroBatch, largest)),
-               kNoiseRunMaxMicroBatch);
-  const double lr = options.plan().base_lr.value_or(workload.options().lr());
-  // The run stops at its share of the budget, as the phase line promises.
-  result.noise = measure_noise_scale(workload, memory, data, micro, lr, options.noise_steps(),
-                                     options.seed(), std::max(seconds, 1e-9), options.clock());
-  result.noise_data = data.describe();
-  // B0: the batch the lr belongs to, as the plan scales it; else the
-  // smallest measured.
-  result.goodput_base_batch = lr_base_batch(options.plan()).value_or(smallest);
-  const NoiseScaleMeasurement& noise = *result.noise;
-  // Unbounded noise makes every batch equally efficient: goodput is throughput.
-  const double noise_scale = noise.noise_scale.value_or(std::numeric_limits<double>::infinity());
-  result.goodput = goodput_candidates(result.sweep, noise_scale, result.goodput_base_batch,
-                                      data.size());
-  const GoodputChoice choice = select_goodput(result.goodput, noise_scale, result.goodput_base_batch);
-  result.goodput_choice = choice.chosen;
-  result.selection = {choice.chosen.micro_batch_size,
-                      noise.noise_scale
-                          ? choice.reason
-                          : "goodput: noise scale unbounded (" + noise.note +
-                                "), so every batch is equally efficient; " + choice.reason};
-  result.selection.confidence = rows_confidence(result.sweep);
-  return choice.chosen.global_batch_size;
-}
 
 /// Bad input, not a result: the workload does not fit at all. Says how much
 /// the smallest batch tried needed.
@@ -164,33 +46,30 @@ std::string no_fit_message(const SearchResult& search, const DeviceMemory& memor
   std::string needed = fmt::format("its peak reached {}", format_bytes(smallest->peak_bytes));
   if (!smallest->error.empty()) needed += ": " + first_line(smallest->error);
   return fmt::format(
-      "--memory-limit: not even batch {} fits in the {} usable ({} capacity less the {:.0f} % "
-      "margin); {}; give a larger --memory-limit, a smaller --margin or a smaller model",
+      "not even batch {} fits in the {} usable ({} capacity less the {:.0f} % margin); {}; give a "
+      "larger {}, a smaller {} or a smaller model",
       smallest->batch_size, format_bytes(memory.usable_bytes()),
-      format_bytes(memory.capacity_bytes()), 100 * margin, needed);
+      format_bytes(memory.capacity_bytes()), 100 * margin, needed, mention(Option::kMemoryLimit),
+      mention(Option::kMargin));
 }
 
 /// The tune: the precision first, then everything at that precision.
 class Pipeline {
  public:
-  /// `fixed_amp`: the subject's own precision, nothing to resolve.
-  Pipeline(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
-           TuneReporter* reporter, Workload* workload, std::optional<AmpChoice> fixed_amp)
-      : runner_at_(runner_at),
+  Pipeline(TuneSubject& subject, DeviceMemory& memory, const ResolvedTuneOptions& options,
+           TuneReporter* reporter)
+      : subject_(subject),
         memory_(memory),
-        fixed_amp_(std::move(fixed_amp)),
-        options_(options),
+        options_(*options),
         reporter_(reporter != nullptr ? *reporter : silent_),
-        workload_(workload),
-        clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
-        budget_(clock_, options.time_budget_s()) {}
+        clock_(options->clock() != nullptr ? *options->clock() : steady_clock()),
+        budget_(clock_, options->time_budget_s()) {}
 
   ~Pipeline() {
     for (auto& [runner, clock] : clocks_) runner->set_clock(*clock);
   }
 
   TuneResult run() {
-    validate(options_);
     TuneResult& r = result_;
     DeviceMemory& memory = memory_;
     r.device = memory.device().str();
@@ -198,7 +77,7 @@ class Pipeline {
     r.objective = options_.objective();
     r.capacity_bytes = memory.capacity_bytes();
     r.usable_bytes = memory.usable_bytes();
-    r.margin = options_.margin();
+    r.margin = subject_.own_margin().value_or(options_.margin());
     r.search_only = options_.search_only();
     r.time_budget_s = options_.time_budget_s();
     r.command_line = options_.command_line();
@@ -207,18 +86,26 @@ class Pipeline {
       search();
       if (!r.search_only && r.search.max_batch_size > 0) {
         lengths();
-        sweep();
-        choose();
-        evaluation();
+        if (options_.sweep()) {
+          sweep();
+          choose();
+          evaluation();
+        } else {
+          take_the_largest();
+        }
         plan();
       }
     } catch (const Stopped& stopped) {
       keep_partial_results(r, searched_, swept_, options_.search().strategy(), stopped.why);
     } catch (const Interrupted&) {
-      // A signal inside a phase that polls it itself (the noise run, loader tuning).
-      keep_partial_results(r, searched_, swept_, options_.search().strategy(), interrupt_name());
+      // A signal inside a phase that polls it itself (the noise run, loader
+      // tuning, a trial of a subject that polls): named as the stop request
+      // names it (Python's KeyboardInterrupt), else as the signal.
+      std::optional<std::string> why = options_.stop() ? options_.stop()() : std::nullopt;
+      keep_partial_results(r, searched_, swept_, options_.search().strategy(),
+                           why.value_or(interrupt_name()));
     }
-    if (r.workload.empty()) r.workload = runner_at_(AmpMode::kOff).subject().describe();
+    if (r.workload.empty()) r.workload = subject_.runner(AmpMode::kOff).subject().describe();
     finish_monitor();
     const double elapsed = budget_.elapsed_s();
     if (elapsed > r.time_budget_s * (1 + kTimeBudgetTolerance) && !r.phase_seconds.empty()) {
@@ -243,7 +130,7 @@ class Pipeline {
 
   /// The runner at `amp`, timing its steps on the tune's clock.
   TrialRunner& runner_at(AmpMode amp) {
-    TrialRunner& runner = runner_at_(amp);
+    TrialRunner& runner = subject_.runner(amp);
     if (clocks_.count(&runner) == 0) {
       clocks_[&runner] = &runner.clock();
       runner.set_clock(clock_);
@@ -258,8 +145,8 @@ class Pipeline {
     const double seconds = budget_.begin_phase(kPrecisionBudgetShare);
     AmpChoice choice;
     const AmpMode requested = options_.amp();
-    if (fixed_amp_) {
-      choice = *fixed_amp_;
+    if (const auto own = subject_.own_amp()) {
+      choice = *own;
     } else if (requested != AmpMode::kAuto || memory_.device().is_cuda()) {
       choice = resolve_amp_unmeasured(requested, memory_.device());
     } else {
@@ -366,7 +253,7 @@ class Pipeline {
     }
     // Not even batch 1 fitting is bad input, not a result: said before any table.
     if (found.max_batch_size < 1 && !found.trials.empty()) {
-      throw Error(no_fit_message(found, memory_, options_.margin()));
+      throw OptionError(Option::kMemoryLimit, no_fit_message(found, memory_, result_.margin));
     }
     result_.search = std::move(found);
     end_phase(TunePhase::kSearch);
@@ -376,8 +263,7 @@ class Pipeline {
   /// shorter ones fit the memory model, and the token budget is planned and
   /// checked. Within what the search's share left.
   void lengths() {
-    if (workload_ == nullptr) return;
-    const auto range = length_range(workload_->input_spec());
+    const auto range = subject_.length_range();
     if (!range) return;
     budget_.begin_phase(0);
     reporter_.phase_started(
@@ -388,7 +274,7 @@ class Pipeline {
     // A trial measures one micro-batch from no gradients; accumulating a
     // step's micro-batches holds the gradients of those before (one copy
     // of the parameters), so the budget is planned without them.
-    const int64_t gradient_reserve = parameter_bytes(workload_->model());
+    const int64_t gradient_reserve = subject_.gradient_bytes();
     result_.tokens = plan_token_budget(
         [&](int64_t batch, int64_t length) {
           TrialResult t = trial(TunePhase::kLengths, TrialOptions()
@@ -440,11 +326,7 @@ class Pipeline {
       remeasure_note_ = fmt::format("the contenders were re-measured, interleaved, {} time(s)",
                                     outcome.remeasure_rounds);
     }
-    if (workload_ != nullptr) {
-      if (const auto flops = workload_->model().forward_flops_per_sample()) {
-        add_flops(result_.sweep, *flops);
-      }
-    }
+    if (const auto flops = subject_.flops_per_sample()) add_flops(result_.sweep, *flops);
     // The sweep's phase ends in choose(), once its rows are read: the
     // console shows the table with the choice and the diagnosis.
   }
@@ -479,16 +361,17 @@ class Pipeline {
       const double seconds = budget_.begin_phase(kNoiseBudgetShare);
       check_stop();
       const Dataset* data = options_.data();
-      if (workload_ == nullptr) {
-        throw Error("--objective goodput: needs the workload's own training loop (a C++ Workload)");
+      if (!subject_.runs_noise()) {
+        throw OptionError(Option::kObjective,
+                          "goodput: needs the workload's own training loop (a C++ Workload)");
       }
       if (data == nullptr) {
-        throw Error("--objective goodput: needs float inputs to train on; use --data");
+        throw OptionError(Option::kObjective, "goodput: needs float inputs to train on; use --data");
       }
       reporter_.phase_started(TunePhase::kNoise,
                               fmt::format("noise scale: training {} steps on {} (at most {:.0f} s)",
                                           options_.noise_steps(), data->describe(), seconds));
-      goodput_global_batch_ = apply_goodput(r, options_, *workload_, memory_, *data, seconds);
+      goodput_global_batch_ = apply_goodput(r, options_, subject_, memory_, *data, seconds);
       end_phase(TunePhase::kNoise);
       check_stop();
     }
@@ -524,6 +407,12 @@ class Pipeline {
     end_phase(TunePhase::kEval);
   }
 
+  /// No sweep (`TuneOptions::sweep` false): the plan at the largest batch that fits.
+  void take_the_largest() {
+    result_.selection = {result_.search.max_batch_size, "the largest batch that fits (no sweep)",
+                         1.0, {}};
+  }
+
   void plan() {
     TuneResult& r = result_;
     if (r.selection.batch_size < 1) return;
@@ -540,9 +429,7 @@ class Pipeline {
     }
     PlanRequest planned = request;
     if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
-    Plan plan = workload_ != nullptr
-                    ? build_plan(planned, micro, amp, *workload_, memory_)
-                    : build_subject_plan(planned, micro, amp, memory_.device().is_cuda());
+    Plan plan = subject_.plan(planned, micro, amp, memory_);
     if (goodput_global_batch_ > 0) {
       plan.set_reason(PlanField::kGlobalBatch,
                       plan.accumulation_steps == 1
@@ -569,6 +456,12 @@ class Pipeline {
       plan.set_reason(PlanField::kTokenBudget, r.tokens->reason);
     }
     if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
+    if (plan.micro_batch_size != r.selection.batch_size) {
+      // Data parallel: every rank swept its own device; the job trains rank 0's choice.
+      r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
+                                        plan.micro_batch_size, r.selection.batch_size);
+      r.selection.batch_size = plan.micro_batch_size;
+    }
     r.plan = plan;
     tune_loader_phase();
     budget_.begin_phase(0);  // the plan's own seconds, not the loader's again
@@ -580,8 +473,8 @@ class Pipeline {
     TuneResult& r = result_;
     const double seconds = budget_.begin_phase(kLoaderBudgetShare);
     const Dataset* data = options_.data();
-    if (data == nullptr || workload_ == nullptr) {
-      r.loader = {{}, {}, "loader tuning skipped: the data are synthetic"};
+    if (data == nullptr || !subject_.tunes_loader()) {
+      r.loader = {{}, {}, subject_.loader_skipped_note()};
       return;
     }
     if (seconds <= 0) {
@@ -643,15 +536,13 @@ class Pipeline {
     }
   }
 
-  const RunnerAt& runner_at_;
+  TuneSubject& subject_;
   DeviceMemory& memory_;
-  std::optional<AmpChoice> fixed_amp_;
   TrialRunner* runner_ = nullptr;  // at the resolved precision
   std::map<TrialRunner*, const Clock*> clocks_;  // each runner's own, put back at the end
   const TuneOptions& options_;
   TuneReporter silent_;
   TuneReporter& reporter_;
-  Workload* workload_;
   const Clock& clock_;
   Budget budget_;
   double monitor_start_s_ = options_.monitor() != nullptr ? options_.monitor()->now_s() : 0;
@@ -666,156 +557,32 @@ class Pipeline {
 
 }  // namespace
 
-void validate(const TuneOptions& options) {
-  if (options.search().max_batch() > kMaxPlanCount) {
-    throw Error(fmt::format("--max-batch: must be at most {}, got {}", kMaxPlanCount,
-                            options.search().max_batch()));
-  }
-  check_margin(options.margin());
-  if (!(options.time_budget_s() >= kMinTimeBudgetSeconds)) {
-    throw Error(fmt::format("--time-budget: must be at least {:.0f} s, got {}; a tune needs time "
-                            "for its precision, search and sweep",
-                            kMinTimeBudgetSeconds, options.time_budget_s()));
-  }
-  if (!(options.tolerance() >= 0 && options.tolerance() < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
-                            options.tolerance()));
-  }
-  if (!(options.eta() >= 0 && options.eta() <= 1)) {
-    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
-                            options.eta()));
-  }
-  if (options.noise_steps() < 1 || options.noise_steps() > kMaxNoiseRunSteps) {
-    throw Error(fmt::format("--noise-steps: must be from 1 to {}, got {}", kMaxNoiseRunSteps,
-                            options.noise_steps()));
-  }
-  if (options.objective() == Objective::kGoodput && options.plan().target_batch) {
-    throw Error("--target-batch: --objective goodput chooses the global batch itself; leave "
-                "--target-batch out, or use --objective throughput with it");
-  }
-  validate(options.plan());
-  if (options.monitor() != nullptr) {
-    check_energy_readable(options.objective(), options.monitor()->sampler().unavailable_reason());
-  }
+TuneResult tune(TuneSubject& subject, DeviceMemory& memory, const ResolvedTuneOptions& options,
+                TuneReporter* reporter) {
+  return Pipeline(subject, memory, options, reporter).run();
 }
 
-std::string to_string(TunePhase phase) {
-  switch (phase) {
-    case TunePhase::kPrecision: return "precision";
-    case TunePhase::kSearch: return "search";
-    case TunePhase::kLengths: return "lengths";
-    case TunePhase::kSweep: return "sweep";
-    case TunePhase::kNoise: return "noise";
-    case TunePhase::kEval: return "eval";
-    case TunePhase::kLoader: return "loader";
-    case TunePhase::kPlan: return "plan";
-  }
-  return "?";
-}
-
-TuneResult tune(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
-                TuneReporter* reporter, Workload* workload) {
-  return Pipeline(runner_at, memory, options, reporter, workload, std::nullopt).run();
-}
-
-TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter,
-                Workload* workload) {
-  const RunnerAt same = [&](AmpMode) -> TrialRunner& { return runner; };
-  const AmpChoice own{runner.amp(), "amp " + amp_name(runner.amp()) + ": the subject's precision",
-                      1.0};
-  TuneOptions resolved = options;
-  resolved.margin(runner.margin());
-  return Pipeline(same, runner.memory(), resolved, reporter, workload, own).run();
+TuneResult tune(TuneSubject& subject, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter) {
+  return tune(subject, memory, resolve(options), reporter);
 }
 
 TuneResult tune(Workload& workload, DeviceMemory& memory, const TuneOptions& options,
                 TuneReporter* reporter) {
-  validate(options);
-  // One runner per precision the pipeline asks for, made when it asks.
-  std::map<AmpMode, std::unique_ptr<TrialRunner>> runners;
-  const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
-    auto& runner = runners[amp];
-    if (!runner) runner = std::make_unique<TrialRunner>(workload, memory, options.margin(), amp);
-    return *runner;
-  };
-  return tune(runner_at, memory, options, reporter, &workload);
+  const ResolvedTuneOptions resolved = resolve(options);
+  WorkloadSubject subject(workload, memory, resolved->margin());
+  return tune(subject, memory, resolved, reporter);
 }
 
-TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch) {
-  return TuneOptions()
-      .search(SearchOptions().max_batch(std::min(max_batch, kDefaultMaxBatch)))
-      .time_budget_s(kQuickTuneTimeBudgetSeconds)
-      .amp(request.amp.value_or(AmpMode::kAuto))
-      .plan(request);
+TuneResult tune(const RunnerAt& runner_at, DeviceMemory& memory, const TuneOptions& options,
+                TuneReporter* reporter) {
+  RunnerSubject subject(runner_at);
+  return tune(subject, memory, options, reporter);
 }
 
-Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& memory,
-                  int64_t max_batch, TuneReporter* reporter, DataParallel* data_parallel,
-                  StopRequest stop) {
-  validate(request);
-  const PlanWorkload current = describe_workload(workload, memory, request);
-  if (!request.plan_file.empty()) {
-    const Plan file = read_plan_file(request.plan_file);
-    const std::string source = "--plan " + request.plan_file;
-    check_plan_workload(file.workload, current, source);
-    AmpChoice amp{file.amp, fmt::format("amp {}: from the plan {}", amp_name(file.amp),
-                                        request.plan_file)};
-    if (request.amp) {
-      amp = choose_amp(*request.amp, workload, memory,
-                       std::min(request.micro_batch_size.value_or(file.micro_batch_size),
-                                kAmpProbeMaxBatch));
-      if (amp.mode != file.amp) {
-        amp.reason += fmt::format(" (--amp overrides the plan's {})", amp_name(file.amp));
-      }
-    }
-    const int64_t micro = request.micro_batch_size.value_or(file.micro_batch_size);
-    const std::string micro_reason =
-        request.micro_batch_size
-            ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
-                          request.plan_file, file.micro_batch_size)
-            : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
-    Plan plan = build_plan(request, {micro, micro_reason}, amp, workload, memory);
-    if (file.eval_micro_batch_size > 0 && amp.mode == file.amp) {
-      // Measured at the file's precision: at another, evaluation runs at
-      // the micro-batch.
-      plan.eval_micro_batch_size = std::max(file.eval_micro_batch_size, plan.micro_batch_size);
-      plan.set_reason(PlanField::kEvalBatch,
-                      fmt::format("eval batch {}: from the plan {}", plan.eval_micro_batch_size,
-                                  request.plan_file));
-    }
-    if (file.token_budget > 0) {
-      plan.token_budget = file.token_budget;
-      plan.length_buckets = file.length_buckets;
-      plan.set_reason(PlanField::kTokenBudget,
-                      fmt::format("token budget {}: from the plan {}", file.token_budget,
-                                  request.plan_file));
-    }
-    return plan;
-  }
-  if (request.micro_batch_size) {
-    const int64_t micro = *request.micro_batch_size;
-    const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
-                                     std::min(micro, kAmpProbeMaxBatch));
-    return build_plan(request, {micro, fmt::format("micro-batch {}: as asked with --batch-size", micro)},
-                      amp, workload, memory);
-  }
-  // Neither: a quick tune finds the micro-batch at the precision it trains with.
-  TuneOptions options = quick_tune_options(request, max_batch);
-  options.data_parallel(data_parallel).stop(std::move(stop));
-  TuneResult tuned = tune(workload, memory, options, reporter);
-  if (!tuned.complete) throw Interrupted();
-  if (!tuned.plan) {
-    throw Error(fmt::format("--batch-size: the quick tune found no micro-batch ({}); give one",
-                            tuned.search.stop_reason));
-  }
-  Plan plan = *tuned.plan;
-  if (plan.micro_batch_size == tuned.selection.batch_size) {
-    plan.set_reason(PlanField::kMicroBatch,
-                    fmt::format("micro-batch {}: tuned — largest that fits {} ({}); {}",
-                                plan.micro_batch_size, tuned.search.max_batch_size,
-                                tuned.search.stop_reason, tuned.selection.reason));
-  }
-  return plan;
+TuneResult tune(TrialRunner& runner, const TuneOptions& options, TuneReporter* reporter) {
+  RunnerSubject subject(runner);
+  return tune(subject, runner.memory(), options, reporter);
 }
 
 }  // namespace batchtune

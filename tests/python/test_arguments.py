@@ -112,6 +112,22 @@ def test_tune_refuses_bad_arguments_before_a_trial(kwargs, error, match):
     _tune_fails_first(match, error, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs,option,match", [
+    (dict(time_budget=0.5), "time_budget", "time_budget: must be at least 1 s, got 0.5"),
+    (dict(search_tolerance=1.0), "search_tolerance", "search_tolerance: must be at least 0 and below 1"),
+    (dict(margin=0.95), "margin", "margin: must be from 0 to"),
+])
+def test_a_library_error_carries_its_option_named_as_python_names_it(kwargs, option, match):
+    text = _tune_fails_first(match, batchtune.Error, **kwargs)
+    assert "--" not in text, text
+    model, optimizer = _subject()
+    arguments = dict(memory_limit=LIMIT, time_budget=30, max_batch=16, amp="off")
+    arguments.update(kwargs)
+    with pytest.raises(batchtune.Error) as e:
+        batchtune.tune(model, optimizer, classify_loss, _Counted(), **arguments)
+    assert e.value.option == option
+
+
 @pytest.mark.parametrize("device,match", [
     ("gpu", "device: 'gpu' is not a device; use cpu, cuda or cuda:N"),
     ("", "device: '' is not a device; use cpu, cuda or cuda:N"),

@@ -1,0 +1,84 @@
+#pragma once
+
+#include <string>
+
+#include "batchtune/common/error.h"
+
+namespace batchtune {
+
+/// The options of a tune, a probe and a plan that more than one front end
+/// sets: each front end names them its own way (the CLI `--memory-limit`,
+/// Python `memory_limit`), so a library message refers to them by this id.
+enum class Option {
+  kMemoryLimit,
+  kMargin,
+  kTimeBudget,
+  kMaxBatch,
+  kStrategy,
+  kSearchTolerance,
+  kTolerance,
+  kObjective,
+  kEta,
+  kNoiseSteps,
+  kAmp,
+  kBatchSize,
+  kTargetBatch,
+  kBaseLr,
+  kBaseBatch,
+  kLrScaling,
+  kWarmup,
+  kWorkers,
+  kPrefetch,
+  kMultipleOf,
+  kLr,
+  kWorldSize,
+};
+
+/// Who shows a message: the command line or the Python package.
+enum class FrontEnd { kCli, kPython };
+
+/// `option` as `front_end` names it: "--time-budget" on the command line,
+/// "time_budget" in Python.
+std::string option_name(Option option, FrontEnd front_end);
+
+/// A reference to `option` inside a message, named when the message is shown
+/// (`name_options`); `OptionError` names them in `what()` as the CLI does.
+///
+/// Example:
+/// ```
+///   throw OptionError(Option::kMemoryLimit,
+///                     "too small; give a larger " + mention(Option::kMemoryLimit));
+/// ```
+std::string mention(Option option);
+
+/// `text` with every `mention` named as `front_end` names it.
+std::string name_options(const std::string& text, FrontEnd front_end);
+
+/// Bad input for one option, as data: the option and what is wrong with it.
+/// `what()` is the command line's text ("--time-budget: must be at least 1 s,
+/// got 0.5"); `message(FrontEnd::kPython)` the Python package's
+/// ("time_budget: must be ..."). The CLI prints `what()`; the Python binding
+/// raises `batchtune.Error` with the Python text and the option's Python name
+/// as its `option` attribute.
+///
+/// Example:
+/// ```
+///   throw batchtune::OptionError(batchtune::Option::kTimeBudget,
+///                                fmt::format("must be at least 1 s, got {}", seconds));
+/// ```
+class OptionError : public Error {
+ public:
+  /// `detail`: what is wrong and how to fix it, other options in it as `mention`s.
+  OptionError(Option option, std::string detail);
+
+  Option option() const { return option_; }
+  const std::string& detail() const { return detail_; }
+  /// "<option>: <detail>", every option named as `front_end` names it.
+  std::string message(FrontEnd front_end) const;
+
+ private:
+  Option option_;
+  std::string detail_;
+};
+
+}  // namespace batchtune

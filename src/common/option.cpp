@@ -1,0 +1,88 @@
+#include "batchtune/common/option.h"
+
+#include <array>
+#include <utility>
+
+namespace batchtune {
+namespace {
+
+/// Marks a `mention` in a message: a control character no flag, number or
+/// word contains.
+constexpr char kMark = '\x1f';
+
+struct OptionNames {
+  Option option;
+  const char* cli;
+  const char* python;
+};
+
+// The CLI's flags (tools/) and the Python package's arguments (python/batchtune).
+constexpr std::array<OptionNames, 22> kNames{{
+    {Option::kMemoryLimit, "--memory-limit", "memory_limit"},
+    {Option::kMargin, "--margin", "margin"},
+    {Option::kTimeBudget, "--time-budget", "time_budget"},
+    {Option::kMaxBatch, "--max-batch", "max_batch"},
+    {Option::kStrategy, "--strategy", "strategy"},
+    {Option::kSearchTolerance, "--search-tolerance", "search_tolerance"},
+    {Option::kTolerance, "--tolerance", "tolerance"},
+    {Option::kObjective, "--objective", "objective"},
+    {Option::kEta, "--eta", "eta"},
+    {Option::kNoiseSteps, "--noise-steps", "noise_steps"},
+    {Option::kAmp, "--amp", "amp"},
+    {Option::kBatchSize, "--batch-size", "batch_size"},
+    {Option::kTargetBatch, "--target-batch", "target_batch"},
+    {Option::kBaseLr, "--base-lr", "base_lr"},
+    {Option::kBaseBatch, "--base-batch", "base_batch"},
+    {Option::kLrScaling, "--lr-scaling", "lr_scaling"},
+    {Option::kWarmup, "--warmup", "warmup_steps"},
+    {Option::kWorkers, "--workers", "workers"},
+    {Option::kPrefetch, "--prefetch", "prefetch"},
+    {Option::kMultipleOf, "--multiple-of", "multiple_of"},
+    {Option::kLr, "--lr", "lr"},
+    {Option::kWorldSize, "--world-size", "world_size"},
+}};
+
+const OptionNames& names_of(Option option) {
+  for (const auto& names : kNames) {
+    if (names.option == option) return names;
+  }
+  return kNames.front();  // unreachable: every Option has a row
+}
+
+}  // namespace
+
+std::string option_name(Option option, FrontEnd front_end) {
+  const OptionNames& names = names_of(option);
+  return front_end == FrontEnd::kCli ? names.cli : names.python;
+}
+
+std::string mention(Option option) {
+  return std::string(1, kMark) + std::to_string(static_cast<int>(option)) + kMark;
+}
+
+std::string name_options(const std::string& text, FrontEnd front_end) {
+  std::string out;
+  size_t at = 0;
+  while (true) {
+    const size_t open = text.find(kMark, at);
+    const size_t close = open == std::string::npos ? open : text.find(kMark, open + 1);
+    if (close == std::string::npos) break;
+    out.append(text, at, open - at);
+    const int id = std::stoi(text.substr(open + 1, close - open - 1));
+    out += option_name(static_cast<Option>(id), front_end);
+    at = close + 1;
+  }
+  out.append(text, at, std::string::npos);
+  return out;
+}
+
+OptionError::OptionError(Option option, std::string detail)
+    : Error(option_name(option, FrontEnd::kCli) + ": " + name_options(detail, FrontEnd::kCli)),
+      option_(option),
+      detail_(std::move(detail)) {}
+
+std::string OptionError::message(FrontEnd front_end) const {
+  return option_name(option_, front_end) + ": " + name_options(detail_, front_end);
+}
+
+}  // namespace batchtune
