@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -31,11 +32,15 @@
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/distributed/launch.h"
 #include "batchtune/reports/train_reporter.h"
 #include "batchtune/training/trainer.h"
 #include "batchtune/step/workload.h"
 #include "cli_runner.h"
+#include "distributed/wait.h"
+#include "fake_clock.h"
+#include "hang_guard.h"
 #include "test_helpers.h"
 
 namespace batchtune {
@@ -432,14 +437,15 @@ TEST(DataParallel, ADeadRankMakesTheOtherFailNamingIt) {
   if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
   const std::string dir = fresh_dir("dead");
   std::string output;
-  const auto start = std::chrono::steady_clock::now();
+  // Rank 0 gives up by itself, at its --timeout at the latest; the guard
+  // only ends a hang, far beyond that.
+  testing::HangGuard guard(kWorkerTimeoutMs / 1000 * 12, "a dead rank's peer");
   const LaunchResult result = run_ranks(dir, "die", false, &output);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_NE(result.exit_code, 0);
+  EXPECT_EQ(result.failed_rank, 1) << result.message;
   const std::string error = read_text(dir + "/error0");
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error << "\n" << output;
-  EXPECT_LT(seconds, kWorkerTimeoutMs / 1000.0 + 10) << output;
+  EXPECT_NE(error.find("rank 0: a collective failed"), std::string::npos) << error;
 }
 
 TEST(DataParallel, WhenRankZeroDiesTheOtherSaysSoWithoutStackTraces) {
@@ -538,10 +544,6 @@ struct SilentListener {
   int port = 0;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 std::string lonely_rank(int port, const std::string& timeout) {
   return fmt::format("env WORLD_SIZE=2 RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT={} {} train "
                      "--model mlp --input 12 --classes 4 --steps 3 --batch-size 8 --amp off "
@@ -549,21 +551,91 @@ std::string lonely_rank(int port, const std::string& timeout) {
                      port, BATCHTUNE_CLI_PATH, timeout);
 }
 
-TEST(DistributedCli, AListenerThatIsNotAStoreFailsWithinTheTimeout) {
+RankEnvironment lonely_environment(int port) {
+  RankEnvironment env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  return env;
+}
+
+TEST(Rendezvous, AListenerThatIsNotAStoreIsGivenUpAtTheTimeoutAndItsGrace) {
   if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
   SilentListener listener;
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen((lonely_rank(listener.port, "2") + " 2>&1").c_str(), "r");
+  testing::FakeClock clock(100);
+  try {
+    make_communicator(lonely_environment(listener.port), c10::Device(c10::kCPU),
+                      std::chrono::seconds(600), clock);
+    FAIL() << "no store answered, yet a communicator came";
+  } catch (const RankFailure& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format(
+                  "rank 1: no rendezvous with the store at 127.0.0.1:{} within 600 s",
+                  listener.port)),
+              std::string::npos)
+        << e.what();
+  }
+  // --timeout, then a second of grace for TCPStore's own error, on the clock.
+  EXPECT_DOUBLE_EQ(clock.now_s(), 100 + 600 + 1);
+  for (const double deadline : clock.deadlines()) EXPECT_LE(deadline, 100 + 600 + 1);
+}
+
+TEST(Rendezvous, AnInterruptEndsTheWaitAtOnce) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  SilentListener listener;
+  testing::FakeClock clock(100);
+  {
+    InterruptHandler interrupts;
+    request_interrupt(SIGTERM);
+    EXPECT_THROW(make_communicator(lonely_environment(listener.port), c10::Device(c10::kCPU),
+                                   std::chrono::seconds(600), clock),
+                 Interrupted);
+  }
+  InterruptHandler fresh;  // clears the request for the tests after this one
+  EXPECT_EQ(clock.now_s(), 100) << "no wait at all";
+}
+
+TEST(Rendezvous, TheWaitLooksForAnInterruptEveryPollAndEndsAtItsDeadline) {
+  testing::FakeClock clock(10);
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT_FALSE(wait_polling_interrupts(clock, 10.25, 0.1, wake, lock, [] { return false; }));
+  const std::vector<double> waits = clock.deadlines();
+  ASSERT_EQ(waits.size(), 3u);
+  EXPECT_DOUBLE_EQ(waits[0], 10.1);
+  EXPECT_DOUBLE_EQ(waits[1], 10.2);
+  EXPECT_DOUBLE_EQ(waits[2], 10.25) << "the last wait ends at the deadline, not after it";
+  EXPECT_DOUBLE_EQ(clock.now_s(), 10.25);
+  int looks = 0;
+  EXPECT_TRUE(wait_polling_interrupts(clock, 20, 0.1, wake, lock, [&] { return ++looks > 3; }));
+  EXPECT_DOUBLE_EQ(clock.now_s(), 10.25 + 0.1 * 1) << "done at the look after the first wait";
+}
+
+TEST(DistributedCli, AListenerThatIsNotAStoreFailsNamingIt) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  SilentListener listener;
+  // `timeout` is the hang guard: the rank gives up by itself after its
+  // --timeout and the grace (see Rendezvous above), far inside it.
+  FILE* pipe = popen(("timeout -s KILL 120 " + lonely_rank(listener.port, "2") + " 2>&1").c_str(),
+                     "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;
   char buffer[4096];
   for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
   const int status = pclose(pipe);
-  const double seconds = seconds_since(start);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << output;
-  EXPECT_LT(seconds, 2 + 8) << output;  // --timeout, the grace, the start of the process
   EXPECT_NE(output.find("no rendezvous with the store"), std::string::npos) << output;
+  EXPECT_NE(output.find("within 2 s"), std::string::npos) << output;
   EXPECT_EQ(output.find("frame #"), std::string::npos) << output;
+}
+
+/// Waits (in real time, at most `guard_s`: a hang guard) until a client
+/// connected to `listener`; its connection, which nobody answers, or -1.
+int accept_one(const SilentListener& listener, int guard_s) {
+  pollfd p{listener.fd, POLLIN, 0};
+  if (::poll(&p, 1, guard_s * 1000) != 1) return -1;
+  return ::accept(listener.fd, nullptr, nullptr);
 }
 
 TEST(DistributedCli, ARankWaitingForAStoreHonoursSigterm) {
@@ -574,23 +646,22 @@ TEST(DistributedCli, ARankWaitingForAStoreHonoursSigterm) {
     const int null = ::open("/dev/null", O_WRONLY);
     dup2(null, STDOUT_FILENO);
     dup2(null, STDERR_FILENO);
-    execl("/bin/sh", "sh", "-c", ("exec " + lonely_rank(listener.port, "60")).c_str(),
+    execl("/bin/sh", "sh", "-c", ("exec " + lonely_rank(listener.port, "600")).c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // well into the rendezvous
-  const auto start = std::chrono::steady_clock::now();
+  // The rank has reached the store: it is in the rendezvous, its
+  // interrupt handler in place.
+  const int connection = accept_one(listener, 120);
+  if (connection < 0) ::kill(pid, SIGKILL);
+  ASSERT_GE(connection, 0) << "the rank never connected";
   ::kill(pid, SIGTERM);
+  // Only the interrupt ends the wait with 143: --timeout 600 would end it
+  // with 1, and the hang guard (SIGKILL after 120 s) with a signal.
   int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) == 0 && seconds_since(start) < 10) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  const double seconds = seconds_since(start);
-  if (seconds >= 10) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  EXPECT_LT(seconds, 3) << "the first SIGTERM ends the wait";
+  testing::HangGuard guard(120, "a rank told to stop", pid);
+  ::waitpid(pid, &status, 0);
+  ::close(connection);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << status;
 }
 
@@ -649,15 +720,20 @@ TEST(Launch, ALaunchThatCannotStartEveryRankStopsThoseItStarted) {
   rlimit tight = before;
   tight.rlim_cur = static_cast<rlim_t>(open_fds() + 8);  // room for a few ranks' pipes
   ::setrlimit(RLIMIT_NOFILE, &tight);
-  const auto start = std::chrono::steady_clock::now();
+  // Ranks that would run for a day, most ignoring SIGTERM: only SIGKILL,
+  // after the grace on the launcher's clock, ends those.
+  testing::FakeClock clock(1000);
+  testing::HangGuard guard(120, "a launch that cannot start its ranks");
   std::string message;
+  int64_t started = 0;
   try {
     std::ostringstream out;
     launch(LaunchOptions()
                .nproc(50)
                .program("/bin/sh")
-               .args({"-c", "echo $$ >> " + pids + "; exec sleep 60"})
-               .grace_s(2),
+               .args({"-c", "trap '' TERM; echo $$ >> " + pids + "; exec sleep 86400"})
+               .grace_s(30)
+               .clock(&clock),
            out);
   } catch (const Error& e) {
     message = e.what();
@@ -665,13 +741,20 @@ TEST(Launch, ALaunchThatCannotStartEveryRankStopsThoseItStarted) {
   ::setrlimit(RLIMIT_NOFILE, &before);
   EXPECT_NE(message.find("cannot start rank"), std::string::npos) << message;
   EXPECT_NE(message.find("Too many open files"), std::string::npos) << message;
-  EXPECT_LT(seconds_since(start), 10) << "no waiting for a rendezvous timeout";
+  const size_t stopped = message.find("stopped the ");
+  ASSERT_NE(stopped, std::string::npos) << message;
+  started = std::stoll(message.substr(stopped + 12));
+  EXPECT_GE(started, 1) << message;
+  // A rank that set its trap in time is killed at the first look after the
+  // grace (looks every 0.02 s of the launcher's clock); none waits longer.
+  EXPECT_LE(clock.now_s(), 1000 + 30.0 + 0.02 + 1e-9);
   std::ifstream in(pids);
   int alive = 0, seen = 0;
   for (pid_t pid; in >> pid;) {
     ++seen;
     if (::kill(pid, 0) == 0) ++alive;
   }
+  EXPECT_LE(seen, started);
   EXPECT_EQ(alive, 0) << "of " << seen << " started";
 }
 

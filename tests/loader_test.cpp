@@ -14,6 +14,7 @@
 #include "batchtune/data/image_folder.h"
 #include "batchtune/common/error.h"
 #include "batchtune/data/loader.h"
+#include "fake_clock.h"
 #include "image_folder_fixture.h"
 
 namespace {
@@ -181,6 +182,50 @@ TEST(Loader, StopsCleanlyWithBatchesInFlightAndBoundsTheQueue) {
   const int64_t calls = data.calls.load();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(data.calls.load(), calls);  // no thread left running
+}
+
+/// `inner`, where reading a batch takes 0.5 s of `clock`.
+class HalfSecondDataset final : public batchtune::Dataset {
+ public:
+  HalfSecondDataset(const batchtune::Dataset& inner, batchtune::testing::FakeClock& clock)
+      : inner_(inner), clock_(clock) {}
+  int64_t size() const override { return inner_.size(); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    clock_.advance(0.5);
+    return inner_.get_batch(indices);
+  }
+  Batch draw_batch(const std::vector<int64_t>& indices, uint64_t draw) const override {
+    clock_.advance(0.5);
+    return inner_.draw_batch(indices, draw);
+  }
+  std::vector<int64_t> sample_shape() const override { return inner_.sample_shape(); }
+  int64_t classes() const override { return inner_.classes(); }
+  std::string describe() const override { return inner_.describe(); }
+
+ private:
+  const batchtune::Dataset& inner_;
+  batchtune::testing::FakeClock& clock_;
+};
+
+TEST(Loader, WaitSecondsAreTheTimeNextWaitedOnItsClock) {
+  IndexDataset index(10);
+  batchtune::testing::FakeClock clock(3);
+  HalfSecondDataset data(index, clock);
+  auto three = [](int64_t n) -> std::optional<std::vector<int64_t>> {
+    if (n >= 3) return std::nullopt;
+    return std::vector<int64_t>{n, n + 3};
+  };
+  Loader loader(data, three, LoaderOptions().workers(0).clock(&clock));
+  for (int64_t n = 0; n < 3; ++n) {
+    clock.advance(7);  // the caller's own time: not waiting
+    const auto batch = loader.next();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(batch->inputs[0][1][0].item<float>(), static_cast<float>(n + 3));
+    EXPECT_DOUBLE_EQ(loader.wait_seconds(), 0.5 * static_cast<double>(n + 1));
+  }
+  EXPECT_FALSE(loader.next().has_value());
+  EXPECT_DOUBLE_EQ(loader.wait_seconds(), 1.5) << "the end read no batch";
+  EXPECT_DOUBLE_EQ(clock.now_s(), 3 + 3 * 7 + 3 * 0.5);
 }
 
 TEST(Loader, BadOptionsAreErrors) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <sstream>
 #include <thread>
 
@@ -144,22 +143,23 @@ TEST(Monitor, ExceptionInTheSamplerThreadReachesTheCallerOnStop) {
   EXPECT_THROW(monitor.stop(), std::runtime_error);
 }
 
-TEST(Monitor, DestructorStopsAndJoinsTheThread) {
+TEST(Monitor, DestructorWakesTheWaitAndJoinsTheThread) {
   const int before = thread_count();
+  FakeClock clock(10.0);
+  clock.hold();  // a round never falls due: only the destructor ends the wait
   auto record = std::make_shared<FakeSampler::Record>();
-  const auto start = std::chrono::steady_clock::now();
   {
-    // A real clock and a long interval: the destructor must wake the wait.
-    Monitor monitor(std::make_unique<FakeSampler>(batchtune::steady_clock(),
-                                                  utilization_script({1}), record),
-                    MonitorOptions().interval_ms(60'000));
+    Monitor monitor(std::make_unique<FakeSampler>(clock, utilization_script({1}), record),
+                    MonitorOptions().interval_ms(60'000), clock);
     EXPECT_EQ(thread_count(), before + 1);
+    while (clock.holding() == 0) std::this_thread::yield();
   }
-  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(thread_count(), before);
   EXPECT_TRUE(record->destroyed);
   EXPECT_EQ(record->reads, 0);
-  EXPECT_LT(took.count(), 5.0);
+  ASSERT_EQ(clock.deadlines().size(), 1u) << "one wait, for the first round";
+  EXPECT_DOUBLE_EQ(clock.deadlines()[0], 10.0 + 60.0);
+  EXPECT_EQ(clock.now_s(), 10.0);
 }
 
 TEST(Monitor, DestructorSwallowsTheThreadsException) {
@@ -172,17 +172,26 @@ TEST(Monitor, DestructorSwallowsTheThreadsException) {
   });
 }
 
-TEST(Monitor, RealClockTakesNoRoundBeforeItsTime) {
-  const double start_s = batchtune::steady_clock().now_s();
-  Monitor monitor(std::make_unique<FakeSampler>(batchtune::steady_clock(), utilization_script({1})),
-                  MonitorOptions().interval_ms(20).rounds(4));
+TEST(Monitor, WaitsForEachRoundOnItsGridAndSkipsTheRoundsASlowReadMissed) {
+  FakeClock clock(5.0);
+  auto record = std::make_shared<FakeSampler::Record>();
+  // The second read takes 0.05 s, two and a half intervals: rounds due at
+  // 5.06 and 5.08 are skipped, the next wait is for 5.10.
+  MonitorOptions options = MonitorOptions().interval_ms(20).rounds(4);
+  options.on_sample([&](const std::vector<Sample>&) {
+    if (record->reads == 2) clock.advance(0.05);
+  });
+  Monitor monitor(std::make_unique<FakeSampler>(clock, utilization_script({1}), record), options,
+                  clock);
   monitor.wait();
+  const std::vector<double> due = {5.02, 5.04, 5.10, 5.12};
+  const auto deadlines = clock.deadlines();
+  ASSERT_EQ(deadlines.size(), due.size());
   const auto samples = monitor.samples();
-  ASSERT_EQ(samples.size(), 4u);
-  // Round i is due i+1 intervals after the start; late only by scheduling
-  // (not checked: other builds share these cores).
-  for (size_t i = 0; i < samples.size(); ++i) {
-    EXPECT_GE(samples[i].time_s, start_s + 0.020 * static_cast<double>(i + 1)) << "round " << i;
+  ASSERT_EQ(samples.size(), due.size());
+  for (size_t i = 0; i < due.size(); ++i) {
+    EXPECT_NEAR(deadlines[i], due[i], kTimeTolerance) << "round " << i;
+    EXPECT_NEAR(samples[i].time_s, due[i], kTimeTolerance) << "no round before its time";
   }
 }
 

@@ -1,13 +1,13 @@
 #include "batchtune/monitoring/sampler.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <thread>
 #include <vector>
 
 #include "batchtune/monitoring/environment.h"
@@ -30,37 +30,103 @@ double process_cpu_s() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-double wall_s() { return batchtune::steady_clock().now_s(); }
+int64_t clock_ticks_per_s() { return sysconf(_SC_CLK_TCK); }
 
-void busy_for(double seconds) {
-  const double end = wall_s() + seconds;
-  volatile double x = 0;
-  while (wall_s() < end) {
-    for (int i = 0; i < 1000; ++i) x = x + i * 0.5;
-  }
+int affinity_cores() {
+  cpu_set_t set;
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  return CPU_COUNT(&set);
 }
 
-TEST(ProcessCpuSampler, UtilizationRisesWhileABusyLoopRuns) {
-  ProcessCpuSampler sampler;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const auto idle = sampler.read().at(0);
-  ASSERT_TRUE(idle.utilization_percent.has_value());
+/// A folder laid out as /proc for this process: `<pid>/stat` (with a
+/// command name holding ") " and spaces) and `<pid>/statm`.
+class FakeProc {
+ public:
+  FakeProc() {
+    char dir_template[] = "/tmp/batchtune-proc-XXXXXX";
+    EXPECT_NE(mkdtemp(dir_template), nullptr);
+    root_ = dir_template;
+    pid_dir_ = root_ + "/" + std::to_string(getpid());
+    EXPECT_EQ(mkdir(pid_dir_.c_str(), 0700), 0);
+  }
+  ~FakeProc() {
+    std::remove((pid_dir_ + "/stat").c_str());
+    std::remove((pid_dir_ + "/statm").c_str());
+    rmdir(pid_dir_.c_str());
+    rmdir(root_.c_str());
+  }
+  /// CPU time used so far, in clock ticks; resident memory in pages.
+  void set(int64_t utime_ticks, int64_t stime_ticks, int64_t resident_pages) {
+    std::ofstream(pid_dir_ + "/stat")
+        << getpid() << " (a b) c) S 1 1 1 0 -1 4194304 0 0 0 0 " << utime_ticks << " "
+        << stime_ticks << " 0 0 20 0 1 0 0 0 0\n";
+    std::ofstream(pid_dir_ + "/statm") << resident_pages * 4 << " " << resident_pages
+                                        << " 0 0 0 0 0\n";
+  }
+  const std::string& root() const { return root_; }
 
+ private:
+  std::string root_;
+  std::string pid_dir_;
+};
+
+TEST(ProcessCpuSampler, UtilizationIsCpuTimeOverClockTimeOnEveryCore) {
+  FakeProc proc;
+  FakeClock clock(20);
+  const int64_t ticks = clock_ticks_per_s();
+  const int64_t cores = affinity_cores();
+  proc.set(100, 50, 1000);
+  ProcessCpuSampler sampler(0, clock, "/nonexistent/energy_uj", proc.root());
+
+  // 4 s of the clock; 1 s of user and 1 s of system time on each core: 50 %.
+  clock.advance(4);
+  proc.set(100 + cores * ticks, 50 + cores * ticks, 1000);
+  const auto half = sampler.read().at(0);
+  EXPECT_EQ(half.device, "cpu");
+  EXPECT_DOUBLE_EQ(half.time_s, 24);
+  ASSERT_TRUE(half.utilization_percent.has_value());
+  EXPECT_DOUBLE_EQ(*half.utilization_percent, 50.0);
+  EXPECT_EQ(half.memory_used_bytes, 1000 * static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
+
+  // 3 s of CPU time per core in 1 s (ticks counted late): read as 100 %.
+  clock.advance(1);
+  proc.set(100 + 4 * cores * ticks, 50 + cores * ticks, 2000);
+  const auto over = sampler.read().at(0);
+  EXPECT_DOUBLE_EQ(*over.utilization_percent, 100.0);
+  EXPECT_EQ(over.memory_used_bytes, 2000 * static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
+
+  // Nothing used in 2 s: 0 %.
+  clock.advance(2);
+  EXPECT_DOUBLE_EQ(*sampler.read().at(0).utilization_percent, 0.0);
+
+  // Below a millisecond between readings a share would be noise: none.
+  clock.advance(0.0005);
+  proc.set(100 + 5 * cores * ticks, 50 + cores * ticks, 2000);
+  EXPECT_FALSE(sampler.read().at(0).utilization_percent.has_value());
+  EXPECT_NE(sampler.describe().find(proc.root()), std::string::npos) << sampler.describe();
+}
+
+TEST(ProcessCpuSampler, ReadsThisProcessAsTheKernelCountsIt) {
+  FakeClock clock;
+  ProcessCpuSampler sampler(0, clock);
   const double cpu0 = process_cpu_s();
-  const double wall0 = wall_s();
-  busy_for(0.4);
-  const auto busy = sampler.read().at(0);
+  // Busy for 0.2 s of this process's CPU time (not of the wall clock).
+  volatile double x = 0;
+  while (process_cpu_s() - cpu0 < 0.2) {
+    for (int i = 0; i < 1000; ++i) x = x + i * 0.5;
+  }
   const double cpu1 = process_cpu_s();
-  const double wall1 = wall_s();
+  clock.advance(1);
+  const auto busy = sampler.read().at(0);
   ASSERT_TRUE(busy.utilization_percent.has_value());
-  EXPECT_EQ(busy.device, "cpu");
-  EXPECT_GT(*busy.utilization_percent, *idle.utilization_percent);
-  // What the kernel's own clock says this process used, within /proc's ticks.
-  const int cores = batchtune::available_cores();
-  const double expected = 100.0 * (cpu1 - cpu0) / ((wall1 - wall0) * cores);
-  const double tolerance = 100.0 * 3 * kTickS / ((wall1 - wall0) * cores);
-  EXPECT_NEAR(*busy.utilization_percent, expected, tolerance + 2.0);
-  EXPECT_LE(*busy.utilization_percent, 100.0 + tolerance);
+  // What the kernel's own clock says this process used in that 1 s of the
+  // fake clock, within /proc's ticks: the sampler's reading began before
+  // cpu0 and ended after cpu1.
+  const int cores = affinity_cores();
+  const double expected = 100.0 * (cpu1 - cpu0) / cores;
+  EXPECT_NEAR(*busy.utilization_percent, expected, 100.0 * 3 * kTickS / cores);
+  ASSERT_TRUE(busy.memory_used_bytes.has_value());
+  EXPECT_GT(*busy.memory_used_bytes, 0);
 }
 
 TEST(ProcessCpuSampler, MemoryIsTheResidentSetAndGrowsWithTouchedPages) {

@@ -310,10 +310,9 @@ TEST(Trainer, ATimeLimitStopsAfterTheStepThatReachesIt) {
   const auto train = toy_data({16}, 512, 4, 2);
   Workload w = make_workload("mlp", {16}, 4);
   const Plan plan = make_plan(PlanOptions().micro_batch_size(32).base_lr(1e-2));
-  Trainer trainer(w, *memory, plan, *train, nullptr,
-                  TrainOptions().steps(100).time_limit_s(5.5));
   testing::FakeClock clock;
-  trainer.set_clock(clock);
+  Trainer trainer(w, *memory, plan, *train, nullptr,
+                  TrainOptions().steps(100).time_limit_s(5.5).clock(&clock));
   trainer.set_before_step([&](int64_t) { clock.advance(1); });  // a step: 1 s
   const TrainSummary s = trainer.run();
   EXPECT_EQ(s.steps, 6) << "the step that passed 5.5 s was the sixth";
@@ -321,6 +320,49 @@ TEST(Trainer, ATimeLimitStopsAfterTheStepThatReachesIt) {
   EXPECT_TRUE(s.complete) << "a time limit is the end asked for, not an interruption";
   EXPECT_TRUE(s.interrupted_by.empty());
   EXPECT_EQ(to_json(s).value("time_limit_reached", false), true);
+}
+
+/// `inner`, where reading a batch takes `seconds` of `clock`.
+class SlowDataset final : public Dataset {
+ public:
+  SlowDataset(const Dataset& inner, testing::FakeClock& clock, double seconds)
+      : inner_(inner), clock_(clock), seconds_(seconds) {}
+  int64_t size() const override { return inner_.size(); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    clock_.advance(seconds_);
+    return inner_.get_batch(indices);
+  }
+  Batch draw_batch(const std::vector<int64_t>& indices, uint64_t draw) const override {
+    clock_.advance(seconds_);
+    return inner_.draw_batch(indices, draw);
+  }
+  std::vector<int64_t> sample_shape() const override { return inner_.sample_shape(); }
+  int64_t classes() const override { return inner_.classes(); }
+  std::string describe() const override { return inner_.describe(); }
+
+ private:
+  const Dataset& inner_;
+  testing::FakeClock& clock_;
+  double seconds_;
+};
+
+TEST(Trainer, TrainingTimeAndDataWaitsAreReadOnItsClock) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = toy_data({16}, 512, 4, 2);
+  testing::FakeClock clock(50);
+  SlowDataset slow(*train, clock, 0.25);  // a batch takes 0.25 s to read
+  Workload w = make_workload("mlp", {16}, 4);
+  Plan plan = make_plan(PlanOptions().micro_batch_size(32).base_lr(1e-2));
+  plan.workers = 0;  // read on the training thread: each read is waited for
+  Trainer trainer(w, *memory, plan, slow, nullptr, TrainOptions().steps(8).clock(&clock));
+  trainer.set_before_step([&](int64_t) { clock.advance(1); });  // and computed in 1 s
+  const TrainSummary s = trainer.run();
+  EXPECT_EQ(s.steps, 8);
+  EXPECT_EQ(s.samples, 8 * plan.global_batch_size);
+  EXPECT_DOUBLE_EQ(s.seconds, 8 * 1.25);
+  EXPECT_DOUBLE_EQ(s.data_wait_fraction, 0.25 / 1.25);
+  EXPECT_DOUBLE_EQ(s.samples_per_s, static_cast<double>(s.samples) / (8 * 1.25));
+  EXPECT_DOUBLE_EQ(clock.now_s(), 50 + 8 * 1.25) << "nothing else read the clock's time";
 }
 
 TEST(Trainer, EvalEveryEvaluatesBetweenEpochEndsToo) {

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <chrono>
 #include <system_error>
 
 #include "batchtune/memory/budget_allocator.h"
@@ -124,11 +123,9 @@ void Loader::refill() {
 
 std::optional<Batch> Loader::next() {
   if (failed_) std::rethrow_exception(failed_);
-  const auto start = std::chrono::steady_clock::now();
-  const auto waited = [&] {
-    wait_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
+  const Clock& clock = options_.clock() != nullptr ? *options_.clock() : steady_clock();
+  const double start_s = clock.now_s();
+  const auto waited = [&] { wait_seconds_ += clock.now_s() - start_s; };
   if (options_.workers() == 0) {
     if (exhausted_) return std::nullopt;
     std::optional<std::vector<int64_t>> indices = indices_(taken_);

@@ -20,6 +20,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
 #include "distributed/nccl_options.h"
+#include "distributed/wait.h"
 #include "memory/cuda_support.h"
 
 namespace batchtune {
@@ -77,11 +78,11 @@ constexpr std::chrono::milliseconds kStoreAnswerGrace{1000};
 constexpr std::chrono::milliseconds kInterruptPoll{100};
 
 /// `connect_store` for the rendezvous, given up at an interrupt or after the
-/// timeout even when TCPStore's handshake would wait for ever (a listener at
-/// MASTER_PORT that is not a store). The attempt runs on a thread of its own,
-/// left behind when given up.
+/// timeout on `clock` even when TCPStore's handshake would wait for ever (a
+/// listener at MASTER_PORT that is not a store). The attempt runs on a
+/// thread of its own, left behind when given up.
 c10::intrusive_ptr<c10d::TCPStore> rendezvous(const RankEnvironment& env, bool server,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout, Clock& clock) {
   struct Attempt {
     std::mutex mutex;
     std::condition_variable done_cv;
@@ -104,18 +105,17 @@ c10::intrusive_ptr<c10d::TCPStore> rendezvous(const RankEnvironment& env, bool s
     attempt->done = true;
     attempt->done_cv.notify_all();
   }).detach();
-  const auto deadline = std::chrono::steady_clock::now() + timeout + kStoreAnswerGrace;
+  const double deadline_s =
+      clock.now_s() + std::chrono::duration<double>(timeout + kStoreAnswerGrace).count();
   std::unique_lock<std::mutex> lock(attempt->mutex);
-  while (!attempt->done) {
-    if (interrupt_requested()) throw Interrupted();
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw RankFailure(fmt::format(
-          "rank {}: no rendezvous with the store at {}:{} within {} s: no c10d store answered "
-          "there (nothing listening, or a listener that is not a store); check MASTER_ADDR and "
-          "MASTER_PORT, and that rank 0 runs",
-          env.rank, env.master_addr, env.master_port, timeout.count() / 1000.0));
-    }
-    attempt->done_cv.wait_for(lock, kInterruptPoll);
+  if (!wait_polling_interrupts(clock, deadline_s,
+                               std::chrono::duration<double>(kInterruptPoll).count(),
+                               attempt->done_cv, lock, [&] { return attempt->done; })) {
+    throw RankFailure(fmt::format(
+        "rank {}: no rendezvous with the store at {}:{} within {} s: no c10d store answered "
+        "there (nothing listening, or a listener that is not a store); check MASTER_ADDR and "
+        "MASTER_PORT, and that rank 0 runs",
+        env.rank, env.master_addr, env.master_port, timeout.count() / 1000.0));
   }
   if (attempt->error) std::rethrow_exception(attempt->error);
   return attempt->store;
@@ -153,11 +153,11 @@ class PendingWork final : public PendingCollective {
 class C10dCommunicator final : public Communicator {
  public:
   C10dCommunicator(const RankEnvironment& env, c10::Device device,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, Clock& clock)
       : env_(env), timeout_(timeout), device_(device) {
     const bool server = env.rank == 0 && !env.use_agent_store;
     try {
-      store_ = rendezvous(env, server, timeout);
+      store_ = rendezvous(env, server, timeout, clock);
     } catch (const RankFailure&) {
       throw;
     } catch (const Interrupted&) {
@@ -397,13 +397,14 @@ void PendingWork::wait() {
 bool distributed_backend_compiled() { return true; }
 
 std::unique_ptr<Communicator> make_communicator(const RankEnvironment& env, c10::Device device,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                Clock& clock) {
   if (!env.distributed()) return make_local_communicator();
   if (timeout.count() <= 0) {
     throw Error(fmt::format("--timeout: must be positive, got {} ms", timeout.count()));
   }
   quiet_c10d_diagnostics();
-  return std::make_unique<C10dCommunicator>(env, device, timeout);
+  return std::make_unique<C10dCommunicator>(env, device, timeout, clock);
 }
 
 }  // namespace batchtune

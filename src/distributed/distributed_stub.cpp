@@ -10,7 +10,7 @@ namespace batchtune {
 bool distributed_backend_compiled() { return false; }
 
 std::unique_ptr<Communicator> make_communicator(const RankEnvironment& env, c10::Device,
-                                                std::chrono::milliseconds) {
+                                                std::chrono::milliseconds, Clock&) {
   if (!env.distributed()) return make_local_communicator();
   throw Error(fmt::format(
       "WORLD_SIZE: {} processes need a distributed backend, and this build has none (no Gloo "

@@ -15,12 +15,12 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <thread>
+#include <optional>
 
 #include "batchtune/common/error.h"
 #include "batchtune/distributed/distributed.h"
+#include "distributed/wait.h"
 
 extern char** environ;
 
@@ -95,14 +95,16 @@ class ForwardSignals {
   std::array<struct sigaction, 3> previous_{};
 };
 
+/// How often a rank being stopped is looked at.
+constexpr double kStopPollS = 0.02;
+
 /// Stops ranks already started when the launch cannot go on: SIGTERM, then
 /// SIGKILL after `grace_s`, each one reaped.
-void stop_ranks(std::vector<Rank>& ranks, double grace_s) {
+void stop_ranks(std::vector<Rank>& ranks, double grace_s, Clock& clock) {
   for (auto& r : ranks) {
     if (r.running) ::kill(r.pid, SIGTERM);
   }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  const double deadline_s = clock.now_s() + grace_s;
   for (auto& r : ranks) {
     while (r.running) {
       int status = 0;
@@ -111,13 +113,13 @@ void stop_ranks(std::vector<Rank>& ranks, double grace_s) {
         r.running = false;
         break;
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (clock.now_s() > deadline_s) {
         ::kill(r.pid, SIGKILL);
         ::waitpid(r.pid, &status, 0);
         r.running = false;
         break;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      sleep_on(clock, kStopPollS);
     }
     if (r.fd >= 0) ::close(r.fd);
     r.fd = -1;
@@ -202,6 +204,7 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   }
   const int port = o.master_port() > 0 ? o.master_port() : free_tcp_port();
   const int64_t world = o.nproc() * o.nnodes();
+  Clock& clock = o.clock() != nullptr ? *o.clock() : steady_clock();
 
   // From here on a signal to the launcher goes to every rank (see below).
   ForwardSignals forward_signals;
@@ -242,7 +245,7 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
     // A launch that cannot start every rank stops those it started.
     const auto cannot_start = [&](const char* step) {
       const std::string reason = std::strerror(errno);
-      stop_ranks(ranks, o.grace_s());
+      stop_ranks(ranks, o.grace_s(), clock);
       return Error(fmt::format("launch: cannot start rank {} of {} ({}: {}); stopped the {} "
                                "started; use a smaller --nproc or raise the limit (ulimit -n, "
                                "ulimit -u)",
@@ -280,9 +283,8 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   }
 
   LaunchResult result;
-  using SteadyTime = std::chrono::steady_clock;
-  SteadyTime::time_point stop_sent{};
-  SteadyTime::time_point all_exited{};
+  std::optional<double> stop_sent_s;
+  std::optional<double> all_exited_s;
   bool killed = false;
   int forwarded = 0;
   std::vector<char> buffer(1 << 16);
@@ -300,8 +302,8 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
                            "to stop (again to end them at once)\n",
                            signal_name(signal), ranks.size());
         out.flush();
-      } else if (stop_sent == SteadyTime::time_point{}) {
-        stop_sent = SteadyTime::now();  // and SIGKILL after the grace period
+      } else if (!stop_sent_s) {
+        stop_sent_s = clock.now_s();  // and SIGKILL after the grace period
       }
       forwarded = received;
     }
@@ -342,7 +344,7 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
           for (auto& other : ranks) {
             if (other.running) ::kill(other.pid, SIGTERM);
           }
-          stop_sent = SteadyTime::now();
+          stop_sent_s = clock.now_s();
         }
       }
     }
@@ -351,9 +353,8 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
     const bool any_open =
         std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.fd >= 0; });
     if (!any_running && !any_open) break;
-    if (!any_running && all_exited == SteadyTime::time_point{}) all_exited = SteadyTime::now();
-    if (!any_running &&
-        std::chrono::duration<double>(SteadyTime::now() - all_exited).count() > kDrainS) {
+    if (!any_running && !all_exited_s) all_exited_s = clock.now_s();
+    if (!any_running && clock.now_s() - *all_exited_s > kDrainS) {
       // A rank's own children may keep the pipe open; the ranks are done.
       for (auto& r : ranks) {
         if (r.fd >= 0) {
@@ -364,8 +365,7 @@ LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
       }
       break;
     }
-    if (stop_sent != SteadyTime::time_point{} && !killed &&
-        std::chrono::duration<double>(SteadyTime::now() - stop_sent).count() > o.grace_s()) {
+    if (stop_sent_s && !killed && clock.now_s() - *stop_sent_s > o.grace_s()) {
       for (auto& r : ranks) {
         if (r.running) ::kill(r.pid, SIGKILL);
       }

@@ -41,9 +41,10 @@ int cores_of(int pid) {
 
 }  // namespace
 
-ProcessCpuSampler::ProcessCpuSampler(int pid, Clock& clock, std::string rapl_energy_path)
+ProcessCpuSampler::ProcessCpuSampler(int pid, Clock& clock, std::string rapl_energy_path,
+                                     const std::string& proc_root)
     : pid_(pid > 0 ? pid : static_cast<int>(getpid())),
-      proc_dir_(fmt::format("/proc/{}", pid_)),
+      proc_dir_(fmt::format("{}/{}", proc_root, pid_)),
       clock_(clock),
       rapl_path_(std::move(rapl_energy_path)),
       cores_(cores_of(pid_)) {
@@ -126,8 +127,8 @@ std::vector<Sample> ProcessCpuSampler::read() {
 }
 
 std::string ProcessCpuSampler::describe() const {
-  return fmt::format("process {} on {} CPU core(s) (/proc/{}/stat; 100 % = all cores busy)",
-                     pid_, cores_, pid_);
+  return fmt::format("process {} on {} CPU core(s) ({}/stat; 100 % = all cores busy)", pid_,
+                     cores_, proc_dir_);
 }
 
 }  // namespace batchtune

@@ -6,19 +6,12 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "batchtune/common/error.h"
 #include "batchtune/step/workload.h"
 
 namespace batchtune {
 namespace {
-
-using SteadyTime = std::chrono::steady_clock;
-
-double seconds_since(SteadyTime::time_point start) {
-  return std::chrono::duration<double>(SteadyTime::now() - start).count();
-}
 
 std::vector<at::Tensor> defined_gradients(const std::vector<at::Tensor>& parameters) {
   std::vector<at::Tensor> grads;
@@ -120,10 +113,10 @@ at::Tensor TrainingStep::accumulate(const Batch& host_batch, double* data_second
     // Without accumulation the share is 1: no views and no extra ops on a
     // hot, tiny step.
     const bool whole = end - begin == total;
-    const auto fetch_start = SteadyTime::now();
+    const double fetch_start_s = clock_->now_s();
     const Batch batch = to_device(whole ? host_batch : narrow_batch(host_batch, begin, end - begin),
                                   device_, non_blocking);
-    if (data_seconds != nullptr) *data_seconds += seconds_since(fetch_start);
+    if (data_seconds != nullptr) *data_seconds += clock_->now_s() - fetch_start_s;
     at::Tensor loss;
     {
       AutocastGuard autocast(device_.type(), options_.amp());

@@ -58,6 +58,7 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                 .micro_batch_size(plan_.micro_batch_size)
                 .amp(plan_.amp == AmpMode::kAuto ? AmpMode::kOff : plan_.amp)
                 .measure_noise_scale(options_.measure_noise_scale())) {
+  if (options_.clock() != nullptr) clock_ = options_.clock();
   if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
   // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
   check_amp_device(plan_.amp, memory.device(), "a plan's \"amp\" (or --amp)");
@@ -359,7 +360,9 @@ TrainSummary Trainer::run() {
           .prefetch(plan_.prefetch)
           .pin_memory(plan_.pin_memory && memory_.device().is_cuda())
           .first_batch(step_)
-          .seed(options_.seed()));
+          .seed(options_.seed())
+          .clock(clock_));
+  training_step_.set_clock(*clock_);
 
   bool time_limit_reached = false;
   while (step_ < total_steps_) {

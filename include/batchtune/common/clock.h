@@ -43,4 +43,8 @@ class SteadyClock final : public Clock {
 /// The process's one `SteadyClock`, the default wherever a clock is taken.
 Clock& steady_clock();
 
+/// The clock an options struct names, null for `steady_clock()`; an alias
+/// so that `TORCH_ARG(ClockPointer, clock) = nullptr;` declares it.
+using ClockPointer = Clock*;
+
 }  // namespace batchtune

@@ -13,10 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "batchtune/common/clock.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/data/loader_limits.h"
 
 namespace batchtune {
+
+/// A clock that is only read, as `TORCH_ARG` takes it: one type name.
+using ConstClockPointer = const Clock*;
 
 /// How a `Loader` builds batches.
 struct LoaderOptions {
@@ -33,6 +37,9 @@ struct LoaderOptions {
   /// and its random augmentation is drawn from (`seed`, n).
   TORCH_ARG(int64_t, first_batch) = 0;
   TORCH_ARG(uint64_t, seed) = 0;
+  /// The clock `Loader::wait_seconds` is read on (a fake in tests); null for
+  /// the steady clock. It must outlive the loader.
+  TORCH_ARG(ConstClockPointer, clock) = nullptr;
 };
 
 /// The samples of batch `n`, or nullopt after the last batch. Called on the

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/common/clock.h"
+
 namespace batchtune {
 
 /// Most ranks in a job that batchtune accepts (`WORLD_SIZE`, `launch`):
@@ -104,10 +106,13 @@ bool distributed_backend_compiled();
 /// The process group of `env` on `device` (Gloo for CPU, NCCL for CUDA); a
 /// local communicator (no collectives) for one process. `timeout` bounds
 /// the rendezvous and every collective: a rank that is gone or hung makes
-/// the others throw `RankFailure` naming it, within about that time.
+/// the others throw `RankFailure` naming it, within about that time. The
+/// rendezvous gives up on `clock` (a fake in tests): `timeout` and a second
+/// of grace after it began, or at once at an interrupt (`Interrupted`).
 /// Throws `batchtune::Error` when the build has no backend for the device.
 std::unique_ptr<Communicator> make_communicator(const RankEnvironment& env, c10::Device device,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                Clock& clock = steady_clock());
 
 /// The communicator of one process: rank 0 of 1; collectives leave the
 /// tensors as they are.

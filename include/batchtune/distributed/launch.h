@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "batchtune/common/clock.h"
+
 namespace batchtune {
 
 /// Most ranks `launch` starts on one host: each is a process with a pipe.
@@ -37,6 +39,10 @@ struct LaunchOptions {
   TORCH_ARG(bool, stop_on_failure) = true;
   /// After one rank failed, the others get SIGTERM, then SIGKILL after this.
   TORCH_ARG(double, grace_s) = 5;
+  /// The clock `grace_s` and the drain of the ranks' output are read on, and
+  /// that stopping the ranks waits on (a fake in tests); null for the steady
+  /// clock. The ranks' output itself is waited for in real time.
+  TORCH_ARG(ClockPointer, clock) = nullptr;
 };
 
 /// How the job ended.

@@ -68,10 +68,13 @@ constexpr const char* kRaplEnergyPath = "/sys/class/powercap/intel-rapl:0/energy
 /// ```
 class ProcessCpuSampler final : public Sampler {
  public:
-  /// Watches process `pid` (0: this one). Throws `batchtune::Error` when
-  /// there is no such process.
+  /// Watches process `pid` (0: this one) in `proc_root`: `/proc`, or in
+  /// tests a folder laid out as it (`<pid>/stat`, `<pid>/statm`), read
+  /// against a fake `clock`. Throws `batchtune::Error` when there is no such
+  /// process.
   explicit ProcessCpuSampler(int pid = 0, Clock& clock = steady_clock(),
-                             std::string rapl_energy_path = kRaplEnergyPath);
+                             std::string rapl_energy_path = kRaplEnergyPath,
+                             const std::string& proc_root = "/proc");
 
   std::vector<Sample> read() override;
   std::string describe() const override;

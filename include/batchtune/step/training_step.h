@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "batchtune/common/clock.h"
 #include "batchtune/data/batch.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/loss_scaler.h"
@@ -57,8 +58,8 @@ class TrainingStep {
   /// mean loss, detached, as a float scalar on the device (no
   /// synchronisation). `step_index` (optimizer steps before this one) picks
   /// the steps that measure the noise scale. Adds the time spent moving data
-  /// to `data_seconds` when given. An out-of-memory propagates, with the
-  /// gradients dropped.
+  /// (read on `clock()`) to `data_seconds` when given. An out-of-memory
+  /// propagates, with the gradients dropped.
   at::Tensor backward(const Batch& batch, int64_t step_index = 0,
                       double* data_seconds = nullptr);
   /// The optimizer step on the gradients `backward` made, at `lr` for every
@@ -82,6 +83,10 @@ class TrainingStep {
   LossScaler& scaler() { return scaler_; }
   NoiseScaleTracker& noise_scale() { return noise_; }
   Workload& workload() { return workload_; }
+  /// The clock the time spent moving data is read on (a fake in tests); it
+  /// must outlive the step.
+  void set_clock(const Clock& clock) { clock_ = &clock; }
+  const Clock& clock() const { return *clock_; }
 
  private:
   at::Tensor accumulate(const Batch& batch, double* data_seconds);
@@ -93,6 +98,7 @@ class TrainingStep {
   StepOptions options_;
   LossScaler scaler_;
   NoiseScaleTracker noise_;
+  const Clock* clock_ = &steady_clock();
 };
 
 /// Sets the learning rate of every parameter group.

@@ -44,15 +44,7 @@ struct TokenTrainOptions {
   TORCH_ARG(int64_t, loss_window) = 10;
   /// The clock training time is read from (a fake in tests); null for the
   /// steady clock.
- public:
-  TokenTrainOptions& clock(const Clock* value) {
-    clock_ = value;
-    return *this;
-  }
-  const Clock* clock() const { return clock_; }
-
- private:
-  const Clock* clock_ = nullptr;
+  TORCH_ARG(ClockPointer, clock) = nullptr;
 };
 
 /// Trains a sequence model by a token budget: each epoch the

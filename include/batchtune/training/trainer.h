@@ -54,6 +54,9 @@ struct TrainOptions {
   /// time (read from the trainer's clock) have passed; 0 for no limit. A run
   /// so stopped is complete, with `time_limit_reached` set.
   TORCH_ARG(double, time_limit_s) = 0.0;
+  /// The clock training time, waits for data and `time_limit_s` are read on
+  /// (a fake in tests); null for the steady clock. It must outlive the run.
+  TORCH_ARG(ClockPointer, clock) = nullptr;
 };
 
 /// A goal that ends training early: `metric` reaching `value`.
@@ -188,8 +191,8 @@ class Trainer {
   /// Called before each optimizer step with the steps done so far (tests
   /// use it to squeeze the memory budget mid-run).
   void set_before_step(std::function<void(int64_t)> hook) { before_step_ = std::move(hook); }
-  /// The clock training time is read from (tests give a fake one); it must
-  /// outlive the run.
+  /// As `TrainOptions::clock`, after construction (the noise run lends the
+  /// tune's clock); it must outlive the run.
   void set_clock(const Clock& clock) { clock_ = &clock; }
 
   /// Trains data-parallel with the other ranks of `communicator` (which
