@@ -23,6 +23,12 @@ class DataParallel;
 class Dataset;
 class Monitor;
 
+// TORCH_ARG spells its setter's parameter `const T&`, so a pointer option
+// names its type through an alias (as `ClockPointer` in clock.h).
+using DatasetPointer = const Dataset*;
+using DataParallelPointer = DataParallel*;
+using MonitorPointer = Monitor*;
+
 /// Shares of the time budget (`TuneOptions::time_budget_s`) that each phase
 /// may spend. What a phase leaves unused is handed on to the next, so a
 /// quick search leaves the sweep more time. The search decides the answer
@@ -89,12 +95,7 @@ struct TuneOptions {
   /// Real training data: the goodput objective's noise run and loader
   /// tuning train on it, and no micro-batch larger than it is tried.
   /// Null (or synthetic data) skips both, with a note.
- public:
-  TuneOptions& data(const Dataset* value) {
-    data_ = value;
-    return *this;
-  }
-  const Dataset* data() const { return data_; }
+  TORCH_ARG(DatasetPointer, data) = nullptr;
   /// Seeds the loader tuning's batches and the noise run.
   TORCH_ARG(uint64_t, seed) = 0;
   /// CPU cores, for the loader tuning's worker counts.
@@ -104,38 +105,17 @@ struct TuneOptions {
   TORCH_ARG(PlanRequest, plan) = PlanRequest();
   /// Data parallel: every rank tunes its own device, the job takes the
   /// smallest rank's maximum and rank 0's plan. Null for one process.
- public:
-  TuneOptions& data_parallel(DataParallel* value) {
-    data_parallel_ = value;
-    return *this;
-  }
-  DataParallel* data_parallel() const { return data_parallel_; }
+  TORCH_ARG(DataParallelPointer, data_parallel) = nullptr;
   /// A running monitor of the device: utilization and energy per sweep row,
   /// and the timeline. Null for none.
- public:
-  TuneOptions& monitor(Monitor* value) {
-    monitor_ = value;
-    return *this;
-  }
-  Monitor* monitor() const { return monitor_; }
+  TORCH_ARG(MonitorPointer, monitor) = nullptr;
   /// The command line that asked for the run, for the report.
   TORCH_ARG(std::string, command_line) = "";
   /// Asked before every trial; a stop ends the run with what was measured
   /// (`complete == false`).
   TORCH_ARG(StopRequest, stop) = nullptr;
   /// The clock of the time budget (a fake in tests); null for the steady clock.
- public:
-  TuneOptions& clock(Clock* value) {
-    clock_ = value;
-    return *this;
-  }
-  Clock* clock() const { return clock_; }
-
- private:
-  const Dataset* data_ = nullptr;
-  DataParallel* data_parallel_ = nullptr;
-  Monitor* monitor_ = nullptr;
-  Clock* clock_ = nullptr;
+  TORCH_ARG(ClockPointer, clock) = nullptr;
 };
 
 /// Options checked and completed, the only ones the pipeline takes: made by
