@@ -19,7 +19,7 @@ import torch
 from . import _checks, _core, _distributed
 from ._memory import (MemoryLimit, device_memory, python_names, python_text, resolve_device,
                       restored_budget, uncounted_bytes)
-from ._step import LossFn
+from ._step import LossFn, check_amp_device
 from ._trial import MakeBatch, Runner, Subject
 from .plan import Plan, optimizer_kind, reference_lr
 
@@ -321,8 +321,7 @@ def probe(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Los
         raise _core.Error(f"min_time: must be from 0 to {_checks.MAX_PROBE_SECONDS:.0f} seconds, "
                           f"got {min_time}")
     dev = resolve_device(device, model)
-    if amp == "fp16" and dev.type == "cpu":
-        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
+    check_amp_device(amp, dev)
     with _one_at_a_time("probe"), _measured_device(dev, memory_limit, model, optimizer) as memory:
         def runner_at(amp_mode: str) -> Runner:
             subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
@@ -447,8 +446,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         base_lr = _checks.number("base_lr", base_lr, "positive")
     report = _checks.output_path("report", report)
     dev = resolve_device(device, model)
-    if amp == "fp16" and dev.type == "cpu":
-        raise _core.Error("amp: fp16 autocast is for CUDA devices; on the CPU use bf16 or off")
+    check_amp_device(amp, dev)
     # Where the values the caller left out came from, for the reasons.
     said = dict(_said or {})
     if base_lr is None:
