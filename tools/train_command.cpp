@@ -60,6 +60,9 @@ struct TrainFlags {
   bool resume = false;
   bool memory_summary = false;
   bool no_noise_scale = false;
+  bool adapt = false;
+  int64_t adapt_every = kDefaultAdaptEvery;
+  int64_t adapt_max_batch = 0;
   std::string json;
 };
 
@@ -201,6 +204,28 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                   "stop at --target-accuracy");
     }
   }
+  for (const char* flag : {"--adapt-every", "--adapt-max-batch"}) {
+    if (cmd.count(flag) > 0 && !flags.adapt) {
+      throw Error(fmt::format("{}: tunes --adapt; add --adapt, or leave it out", flag));
+    }
+  }
+  if (flags.adapt_every < 1 || flags.adapt_every > kMaxPlanCount) {
+    throw Error(fmt::format("--adapt-every: must be in [1, {}] optimizer steps, got {}",
+                            kMaxPlanCount, flags.adapt_every));
+  }
+  if (flags.adapt_max_batch < 0 || flags.adapt_max_batch > kMaxPlanCount) {
+    throw Error(fmt::format("--adapt-max-batch: must be in [0, {}] samples (0: {} x the starting "
+                            "batch), got {}",
+                            kMaxPlanCount, kDefaultAdaptGrowth, flags.adapt_max_batch));
+  }
+  if (flags.adapt && flags.no_noise_scale) {
+    throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
+                "drop one of them");
+  }
+  if (flags.adapt && text) {
+    throw Error("--adapt: adapts batches of samples (images, Fashion-MNIST) for now; with --data "
+                "text:DIR give --target-tokens");
+  }
   if (flags.resume && flags.checkpoint.empty()) {
     throw Error("--resume: needs --checkpoint DIR to resume from");
   }
@@ -337,6 +362,10 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .eval_batch_size(plan.eval_micro_batch_size)
                       .measure_noise_scale(!flags.no_noise_scale)
                       .eval_every(flags.eval_every)
+                      .adapt(flags.adapt)
+                      .adapt_options(AdaptOptions()
+                                         .every(flags.adapt_every)
+                                         .max_global_batch(flags.adapt_max_batch))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
                                            : std::nullopt));
@@ -417,6 +446,17 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_flag("--no-noise-scale", flags->no_noise_scale,
                 "do not measure the gradient noise scale (without accumulation it splits one "
                 "step in 50 into two halves)");
+  cmd->add_flag("--adapt", flags->adapt,
+                "adapt the global batch and lr to the gradient noise scale as training goes: "
+                "starts at the plan's (or --batch-size's) batch, grows where goodput says "
+                "(the JSON's batch_schedule)");
+  cmd->add_option("--adapt-every", flags->adapt_every,
+                  "--adapt: optimizer steps between two decisions")
+      ->capture_default_str();
+  cmd->add_option("--adapt-max-batch", flags->adapt_max_batch,
+                  fmt::format("--adapt: the largest global batch (0: {} x the starting batch, "
+                              "within the data)",
+                              kDefaultAdaptGrowth));
   cmd->add_flag("--memory-summary", flags->memory_summary,
                 "print the device allocator's statistics at the end");
   cmd->add_option("--json", flags->json, "write the summary as JSON to FILE, or - for stdout");

@@ -35,6 +35,7 @@ from ._core import Error
 from ._memory import emulated_memory
 from ._tune import ProbeResult, SweepRow, TuneResult, env, probe, tune
 from .plan import Plan
+from ._adapt import AdaptiveBatchSampler
 from .trainer import Trainer
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "Plan",
     "ProbeResult",
     "SweepRow",
+    "AdaptiveBatchSampler",
     "Trainer",
     "TuneResult",
     "emulated_memory",

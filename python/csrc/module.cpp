@@ -28,6 +28,7 @@
 #include "batchtune/tuning/search.h"
 #include "batchtune/tuning/sweep.h"
 #include "trial_subject.h"
+#include "adapt_binding.h"
 #include "tune_binding.h"
 
 namespace py = pybind11;
@@ -379,4 +380,5 @@ PYBIND11_MODULE(_core, m) {
   bind_report(m);
   bind_trial_subject(m);
   bind_tune(m);
+  bind_adapt(m);
 }

@@ -68,6 +68,11 @@ nlohmann::json to_json(const TrainSummary& s) {
     j["samples_per_step"] = per_step(s.samples);
     j["micro_batches_per_step"] = per_step(s.micro_batches);
   }
+  // --adapt: one entry per change of the global batch, the first the start.
+  if (!s.batch_schedule.empty()) {
+    j["batch_schedule"] = nlohmann::json::array();
+    for (const auto& change : s.batch_schedule) j["batch_schedule"].push_back(to_json(change));
+  }
   // Null without a target; the *_to_target fields null unless it was reached.
   j["target"] = s.target ? nlohmann::json{{"metric", s.target->metric},
                                           {"value", s.target->value},
@@ -171,6 +176,7 @@ void TrainConsoleReporter::report(const TrainEvent& e) {
     case Kind::kTargetReached:
     case Kind::kOomRecovery:
     case Kind::kCheckpoint:
+    case Kind::kBatchChange:
     case Kind::kResumed: out_ << e.message << "\n"; break;
     case Kind::kProgress: break;
   }

@@ -31,6 +31,20 @@ void NoiseScaleEstimator::add(double small_batch, double small_sq_norm, double b
   ++measurements_;
 }
 
+nlohmann::json NoiseScaleEstimator::state() const {
+  return {{"ema_gradient_sq", ema_gradient_sq_},
+          {"ema_trace", ema_trace_},
+          {"decay_power", decay_power_},
+          {"measurements", measurements_}};
+}
+
+void NoiseScaleEstimator::load_state(const nlohmann::json& state) {
+  ema_gradient_sq_ = state.at("ema_gradient_sq").get<double>();
+  ema_trace_ = state.at("ema_trace").get<double>();
+  decay_power_ = state.at("decay_power").get<double>();
+  measurements_ = state.at("measurements").get<int64_t>();
+}
+
 std::optional<double> NoiseScaleEstimator::gradient_sq_norm() const {
   if (measurements_ == 0) return std::nullopt;
   return ema_gradient_sq_ / (1 - decay_power_);
@@ -47,6 +61,14 @@ std::optional<double> NoiseScaleEstimator::noise_scale() const {
   return ema_trace_ / ema_gradient_sq_;
 }
 
+double statistical_efficiency(double noise_scale, double base_batch, double batch) {
+  TORCH_CHECK(noise_scale >= 0 && base_batch > 0 && batch > 0,
+              "statistical_efficiency: need noise scale >= 0 and positive batches, got ",
+              noise_scale, ", ", base_batch, ", ", batch);
+  if (std::isinf(noise_scale)) return 1;  // all noise: every sample counts alike
+  return (noise_scale + base_batch) / (noise_scale + batch);
+}
+
 at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters) {
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters) {
@@ -57,10 +79,11 @@ at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters) {
   return at::stack(norms).to(at::kFloat).square().sum();
 }
 
-int64_t NoiseScaleTracker::small_batch(int64_t step, int64_t global_batch, int64_t micro_batch) {
+int64_t NoiseScaleTracker::small_batch(int64_t step, int64_t global_batch, int64_t micro_batch,
+                                       int64_t split_every) {
+  TORCH_CHECK(split_every >= 1, "NoiseScaleTracker::small_batch: split_every must be at least 1");
   if (global_batch > micro_batch) return micro_batch;
-  if (global_batch >= kNoiseScaleMinSplitBatch &&
-      step % kNoiseScaleEveryWithoutAccumulation == 0) {
+  if (global_batch >= kNoiseScaleMinSplitBatch && step % split_every == 0) {
     return global_batch / 2;
   }
   return 0;

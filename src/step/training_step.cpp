@@ -49,7 +49,8 @@ at::Tensor TrainingStep::backward(const Batch& batch, int64_t step_index, double
                                                           : batch.size();
     const int64_t small =
         options_.measure_noise_scale()
-            ? NoiseScaleTracker::small_batch(step_index, batch.size(), micro)
+            ? NoiseScaleTracker::small_batch(step_index, batch.size(), micro,
+                                           options_.noise_scale_every())
             : 0;
     return small > 0 ? accumulate_measuring_noise(batch, small, data_seconds)
                      : accumulate(batch, data_seconds);

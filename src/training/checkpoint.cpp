@@ -114,7 +114,10 @@ nlohmann::json target_json(const std::optional<TrainTarget>& t) {
 
 // The whole summary, so that a finished run's is re-emitted as it was.
 nlohmann::json to_json_full(const TrainSummary& s) {
+  nlohmann::json schedule = nlohmann::json::array();
+  for (const auto& change : s.batch_schedule) schedule.push_back(to_json(change));
   return {{"steps", s.steps},
+          {"batch_schedule", schedule},
           {"samples", s.samples},
           {"epochs", s.epochs},
           {"final_loss", s.final_loss},
@@ -167,6 +170,11 @@ TrainSummary summary_from_json(const nlohmann::json& j) {
     s.steps_to_target = optional_int(j.at("steps_to_target"));
     s.seconds_to_target = optional_double(j.at("seconds_to_target"));
     s.samples_to_target = optional_int(j.at("samples_to_target"));
+  }
+  if (j.contains("batch_schedule")) {
+    for (const auto& entry : j.at("batch_schedule")) {
+      s.batch_schedule.push_back(batch_change_from_json(entry));
+    }
   }
   return s;
 }
@@ -329,6 +337,7 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
       {"crc32", crcs},
       {"summary", record.summary ? to_json_full(*record.summary) : nlohmann::json()},
   };
+  if (record.adapt) meta["adapt"] = *record.adapt;
   const std::string meta_text = meta.dump();
   archive.write("meta", c10::IValue(meta_text));
   archive.write("meta_crc32",
@@ -467,6 +476,7 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
     record.position.oom_recoveries = p.at("oom_recoveries").get<int64_t>();
     record.plan = plan_from_json(meta.at("plan"), "--resume " + path);
     if (!meta.at("summary").is_null()) record.summary = summary_from_json(meta.at("summary"));
+    if (meta.contains("adapt")) record.adapt = meta.at("adapt");
     param_names = meta.at("parameters").get<std::vector<std::string>>();
     buffer_names = meta.at("buffers").get<std::vector<std::string>>();
   } catch (const Error&) {

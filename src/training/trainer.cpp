@@ -50,6 +50,7 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
     : workload_(workload),
       memory_(memory),
       plan_(std::move(plan)),
+      start_plan_(plan_),
       train_(train),
       test_(test),
       options_(std::move(options)),
@@ -57,7 +58,11 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
             StepOptions()
                 .micro_batch_size(plan_.micro_batch_size)
                 .amp(plan_.amp == AmpMode::kAuto ? AmpMode::kOff : plan_.amp)
-                .measure_noise_scale(options_.measure_noise_scale())) {
+                .measure_noise_scale(options_.measure_noise_scale())
+                .noise_scale_every(options_.adapt() ? kAdaptNoiseEvery
+                                                    : kNoiseScaleEveryWithoutAccumulation)),
+      cursor_(std::max<int64_t>(train.size(), 1),
+              std::clamp<int64_t>(plan_.global_batch_size, 1, std::max<int64_t>(train.size(), 1))) {
   if (options_.clock() != nullptr) clock_ = options_.clock();
   if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
   // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
@@ -96,6 +101,28 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                             "training samples; use a smaller batch",
                             plan_.global_batch_size, train_.size()));
   }
+  if (options_.adapt()) {
+    if (!options_.measure_noise_scale()) {
+      throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
+                  "drop one of them");
+    }
+    AdaptOptions adapt = options_.adapt_options();
+    if (adapt.max_global_batch() > train_.size()) {
+      throw Error(fmt::format("--adapt-max-batch: {} is more than the {} training samples; give "
+                              "at most that",
+                              adapt.max_global_batch(), train_.size()));
+    }
+    if (adapt.max_global_batch() == 0) {
+      // The default growth, within the data (a multiple of the world size).
+      const int64_t most = train_.size() - train_.size() % plan_.world_size;
+      adapt.max_global_batch(std::max(
+          plan_.global_batch_size,
+          std::min(checked_product(plan_.global_batch_size, kDefaultAdaptGrowth).value_or(most),
+                   most)));
+    }
+    adapter_.emplace(plan_.global_batch_size, plan_.lr, plan_.lr_scaling, plan_.world_size,
+                     adapt);
+  }
   const auto& inputs = workload_.input_spec().inputs;
   if (inputs.size() != 1 || train_.sample_shape() != inputs.front().shape) {
     throw Error(fmt::format("--input: the data's samples ({}) do not match the model's input ({})",
@@ -111,6 +138,77 @@ void Trainer::settle_clock() {
 
 int64_t Trainer::steps_per_epoch() const { return train_.size() / plan_.global_batch_size; }
 
+int64_t Trainer::planned_steps() const {
+  if (options_.steps() > 0) return options_.steps();
+  return cursor_.first_step_of(options_.epochs());
+}
+
+double Trainer::lr_at(int64_t step) const {
+  if (ramp_start_ < 0 || step >= ramp_start_ + kAdaptLrRampSteps) return plan_.lr;
+  const double t = static_cast<double>(step - ramp_start_ + 1) / kAdaptLrRampSteps;
+  return ramp_from_lr_ + (plan_.lr - ramp_from_lr_) * t;
+}
+
+bool Trainer::adapt_batch() {
+  settle_clock();
+  // A window trained at one batch throughout times that batch.
+  if (adapt_window_clean_) {
+    adapter_->observe(plan_.global_batch_size, train_seconds_ - adapt_mark_.train_seconds,
+                      run_samples_ - adapt_mark_.samples);
+  }
+  adapt_mark_ = {train_seconds_, data_seconds_, run_samples_};
+  adapt_window_clean_ = true;
+  std::optional<BatchChange> change;
+  if (data_parallel_.rank() == 0) {
+    NoiseScaleTracker& noise = training_step_.noise_scale();
+    const std::optional<double> noise_scale = noise.noise_scale();
+    change = adapter_->decide(step_, plan_.global_batch_size, noise_scale,
+                              noise.estimator().measurements());
+  }
+  if (data_parallel_.distributed()) {
+    // Rank 0 decides for all (the ranks' noise estimates differ a little).
+    BudgetAllocator::UncountedScope uncounted;
+    at::Tensor decided = at::tensor(
+        {change ? static_cast<double>(change->global_batch_size) : 0.0, change ? change->lr : 0.0,
+         change && change->noise_scale ? *change->noise_scale : 0.0},
+        at::TensorOptions().dtype(at::kDouble)).to(memory_.device());
+    data_parallel_.broadcast_from_first({decided});
+    decided = decided.cpu();
+    const double* d = decided.data_ptr<double>();
+    if (data_parallel_.rank() != 0 && d[0] > 0) {
+      BatchChange c;
+      c.step = step_;
+      c.global_batch_size = static_cast<int64_t>(d[0]);
+      std::tie(c.micro_batch_size, c.accumulation_steps) = adapter_->split(c.global_batch_size);
+      c.lr = d[1];
+      c.noise_scale = d[2];
+      c.reason = "rank 0's decision";
+      change = c;
+    }
+  }
+  if (!change) return false;
+  apply_change(*change);
+  return true;
+}
+
+void Trainer::apply_change(const BatchChange& change) {
+  ramp_from_lr_ = lr_at(step_);
+  ramp_start_ = step_;
+  const int64_t before = plan_.global_batch_size;
+  plan_.global_batch_size = change.global_batch_size;
+  plan_.micro_batch_size = change.micro_batch_size;
+  plan_.accumulation_steps = change.accumulation_steps;
+  plan_.lr = change.lr;
+  training_step_.set_micro_batch_size(change.micro_batch_size);
+  cursor_.change(step_, change.global_batch_size);
+  schedule_.push_back(change);
+  emit(TrainEvent::Kind::kBatchChange,
+       fmt::format("--adapt: global batch {} -> {} ({} x {} per rank), lr {:.3g} over {} steps: "
+                   "{}",
+                   before, change.global_batch_size, change.micro_batch_size,
+                   change.accumulation_steps, change.lr, kAdaptLrRampSteps, change.reason));
+}
+
 void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   if (!callback_) return;
   TrainEvent e;
@@ -118,8 +216,9 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   e.step = step_;
   e.total_steps = total_steps_;
   e.epoch = epoch_;
-  e.epochs = ceil_div(total_steps_, steps_per_epoch());
-  e.lr = scheduled_lr(plan_.lr, plan_.warmup_steps, std::max<int64_t>(step_ - 1, 0));
+  e.epochs = cursor_.at(std::max<int64_t>(total_steps_ - 1, 0)).epoch + 1;
+  e.lr = scheduled_lr(lr_at(std::max<int64_t>(step_ - 1, 0)), plan_.warmup_steps,
+                      std::max<int64_t>(step_ - 1, 0));
   e.micro_batch_size = plan_.micro_batch_size;
   e.accumulation_steps = plan_.accumulation_steps;
   e.memory_used_bytes = memory_.live_bytes();
@@ -199,6 +298,10 @@ void Trainer::train_step(const Batch& batch) {
     plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
     plan_.accumulation_steps = ceil_div(batch.size(), plan_.micro_batch_size);
     training_step_.set_micro_batch_size(plan_.micro_batch_size);
+    if (adapter_) {
+      adapter_->cap_micro_batch(plan_.micro_batch_size);
+      adapt_window_clean_ = false;
+    }
     ++oom_recoveries_;
     emit(TrainEvent::Kind::kOomRecovery,
          fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "
@@ -209,7 +312,7 @@ void Trainer::train_step(const Batch& batch) {
   data_parallel_.average_gradients(workload_.model().parameters(), &memory_);
   const int64_t ooms_before_step = memory_.oom_count();
   try {
-    training_step_.apply(scheduled_lr(plan_.lr, plan_.warmup_steps, step_));
+    training_step_.apply(scheduled_lr(lr_at(step_), plan_.warmup_steps, step_));
   } catch (const c10::Error& e) {
     if (classify_step_failure(e, ooms_before_step, memory_.oom_count()) !=
         StepFailure::kOutOfMemory) {
@@ -288,8 +391,7 @@ bool Trainer::evaluate_now(TrainEvent::Kind kind) {
 }
 
 TrainSummary Trainer::run() {
-  const int64_t per_epoch = steps_per_epoch();
-  total_steps_ = options_.steps() > 0 ? options_.steps() : options_.epochs() * per_epoch;
+  total_steps_ = planned_steps();
   if (options_.resume()) {
     const std::optional<TrainSummary> finished = load_checkpoint();
     // A run that stopped at its target is finished too.
@@ -320,6 +422,7 @@ TrainSummary Trainer::run() {
                        options_.checkpoint_dir()));
     }
     if (loaded_) {
+      total_steps_ = planned_steps();  // the changes it replayed
       resumed_from_step_ = step_;
       emit(TrainEvent::Kind::kResumed,
            fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
@@ -336,41 +439,59 @@ TrainSummary Trainer::run() {
   data_parallel_.broadcast_from_first(workload_.model().parameters());
   data_parallel_.broadcast_from_first(workload_.model().buffers());
   workload_.model().train(true);
+  if (adapter_ && schedule_.empty()) {
+    BatchChange start;
+    start.step = step_;
+    start.global_batch_size = plan_.global_batch_size;
+    start.micro_batch_size = plan_.micro_batch_size;
+    start.accumulation_steps = plan_.accumulation_steps;
+    start.lr = plan_.lr;
+    start.reason = "the plan's global batch and lr, where --adapt starts";
+    schedule_.push_back(start);
+  }
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
   memory_.reset_peak();
 
   // The loader asks for step s's samples ahead of time (and from its own
-  // threads with --workers); they follow from (seed, epoch) alone.
-  Loader loader(
-      train_,
-      [&](int64_t step) -> std::optional<std::vector<int64_t>> {
-        if (step >= total_steps_) return std::nullopt;
-        const int64_t epoch = step / per_epoch;
-        if (order_epoch != epoch) {
-          order = epoch_order(train_.size(), options_.seed(), epoch);
-          order_epoch = epoch;
-        }
-        const auto first = order.begin() + (step % per_epoch) * plan_.global_batch_size;
-        // Data parallel: this rank's shard of the logical batch.
-        return data_parallel_.shard(std::vector<int64_t>(first, first + plan_.global_batch_size));
-      },
-      LoaderOptions()
-          .workers(plan_.workers)
-          .prefetch(plan_.prefetch)
-          .pin_memory(plan_.pin_memory && memory_.device().is_cuda())
-          .first_batch(step_)
-          .seed(options_.seed())
-          .clock(clock_));
+  // threads with --workers); they follow from (seed, epoch) and the batch
+  // changes alone. A change makes a new loader from the step it takes
+  // effect at: the batches built ahead at the old size are dropped unused.
+  const auto make_loader = [&](std::optional<Loader>& loader) {
+    loader.reset();
+    loader.emplace(
+        train_,
+        [&](int64_t step) -> std::optional<std::vector<int64_t>> {
+          if (step >= total_steps_) return std::nullopt;
+          const SamplePosition at = cursor_.at(step);
+          if (order_epoch != at.epoch) {
+            order = epoch_order(train_.size(), options_.seed(), at.epoch);
+            order_epoch = at.epoch;
+          }
+          const auto first = order.begin() + at.offset;
+          // Data parallel: this rank's shard of the logical batch.
+          return data_parallel_.shard(
+              std::vector<int64_t>(first, first + cursor_.global_batch(step)));
+        },
+        LoaderOptions()
+            .workers(plan_.workers)
+            .prefetch(plan_.prefetch)
+            .pin_memory(plan_.pin_memory && memory_.device().is_cuda())
+            .first_batch(step_)
+            .seed(options_.seed())
+            .clock(clock_));
+  };
+  std::optional<Loader> loader;
+  make_loader(loader);
   training_step_.set_clock(*clock_);
 
   bool time_limit_reached = false;
   while (step_ < total_steps_) {
     const double start = clock_->now_s();
     if (before_step_) before_step_(step_);
-    const double waited = loader.wait_seconds();
-    const std::optional<Batch> batch = loader.next();
-    data_seconds_ += loader.wait_seconds() - waited;
+    const double waited = loader->wait_seconds();
+    const std::optional<Batch> batch = loader->next();
+    data_seconds_ += loader->wait_seconds() - waited;
     TORCH_CHECK(batch, "Trainer: the loader ended before step ", step_ + 1);
     train_step(*batch);
     ++step_;
@@ -386,17 +507,25 @@ TrainSummary Trainer::run() {
     // settled (device work waited for) wherever time is read.
     train_seconds_ += clock_->now_s() - start;
 
+    // --adapt decides before the epoch's end is read: a larger batch that
+    // no longer fits in what is left of the epoch starts the next one.
+    if (adapter_ && step_ % adapter_->options().every() == 0 && step_ < total_steps_ &&
+        adapt_batch()) {
+      total_steps_ = planned_steps();
+      make_loader(loader);
+    }
+
     // Evaluation is not training time: the clock is settled before it and
     // the next step's starts after it.
     bool reached = false;
-    if (batch_in_epoch_ == per_epoch) {
+    if (cursor_.at(step_).epoch != epoch_) {
       settle_clock();
       if (test_ != nullptr) {
         reached = evaluate_now(TrainEvent::Kind::kEpochEnd);
       } else {
         emit(TrainEvent::Kind::kEpochEnd);
       }
-      ++epoch_;
+      epoch_ = cursor_.at(step_).epoch;
       batch_in_epoch_ = 0;
     } else if (options_.eval_every() > 0 && step_ % options_.eval_every() == 0) {
       settle_clock();
@@ -445,7 +574,13 @@ TrainSummary Trainer::run() {
   TrainSummary s;
   s.steps = step_;
   s.samples = samples_;
-  s.epochs = static_cast<double>(step_) / static_cast<double>(per_epoch);
+  if (adapter_) {
+    const SamplePosition at = cursor_.at(step_);
+    s.epochs = static_cast<double>(at.epoch) +
+               static_cast<double>(at.offset) / static_cast<double>(train_.size());
+  } else {
+    s.epochs = static_cast<double>(step_) / static_cast<double>(steps_per_epoch());
+  }
   s.final_loss = last_loss_;
   s.test_accuracy = test_ != nullptr ? test_accuracy_ : std::nullopt;
   s.oom_recoveries = oom_recoveries_;
@@ -465,6 +600,7 @@ TrainSummary Trainer::run() {
     s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
   }
   s.noise_scale = training_step_.noise_scale().noise_scale();
+  s.batch_schedule = schedule_;
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
   if (options_.target_accuracy()) {
     s.target = TrainTarget{"test_accuracy", *options_.target_accuracy()};
@@ -491,12 +627,12 @@ RunIdentity Trainer::run_identity() const {
   id.input = describe(workload_.input_spec());
   id.optimizer = workload_.options().optimizer();
   id.amp = amp_name(plan_.amp);
-  id.world_size = plan_.world_size;
-  id.global_batch_size = plan_.global_batch_size;
+  id.world_size = start_plan_.world_size;
+  id.global_batch_size = start_plan_.global_batch_size;
   id.train_size = train_.size();
   id.seed = options_.seed();
-  id.lr = plan_.lr;
-  id.warmup_steps = plan_.warmup_steps;
+  id.lr = start_plan_.lr;
+  id.warmup_steps = start_plan_.warmup_steps;
   return id;
 }
 
@@ -507,6 +643,15 @@ void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
   record.position = {step_, epoch_, batch_in_epoch_, samples_, oom_recoveries_};
   record.plan = plan_;
   record.summary = summary;
+  if (adapter_) {
+    nlohmann::json schedule = nlohmann::json::array();
+    for (const auto& change : schedule_) schedule.push_back(to_json(change));
+    record.adapt = nlohmann::json{{"batch_schedule", schedule},
+                                  {"policy", adapter_->state()},
+                                  {"noise", training_step_.noise_scale().estimator().state()},
+                                  {"lr_ramp_from", ramp_from_lr_},
+                                  {"lr_ramp_start", ramp_start_}};
+  }
   write_checkpoint(options_.checkpoint_dir(), {workload_.model(), workload_.optimizer(), training_step_.scaler()},
                    record);
   emit(TrainEvent::Kind::kCheckpoint,
@@ -523,8 +668,40 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   batch_in_epoch_ = p.batch_in_epoch;
   samples_ = p.samples;
   oom_recoveries_ = p.oom_recoveries;
-  // Keep the smaller micro-batch an earlier out-of-memory forced.
-  if (record->plan.micro_batch_size < plan_.micro_batch_size) {
+  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
+  if (record->adapt && !adapter_) {
+    throw Error(fmt::format("--resume: {} was written by an --adapt run (its global batch "
+                            "changed as it went); resume it with --adapt",
+                            path));
+  }
+  if (record->adapt) {
+    try {
+      const nlohmann::json& adapt = *record->adapt;
+      schedule_.clear();
+      for (const auto& entry : adapt.at("batch_schedule")) {
+        schedule_.push_back(batch_change_from_json(entry));
+        if (schedule_.size() > 1) cursor_.change(schedule_.back().step, schedule_.back().global_batch_size);
+      }
+      adapter_->load_state(adapt.at("policy"));
+      training_step_.noise_scale().estimator().load_state(adapt.at("noise"));
+      ramp_from_lr_ = adapt.at("lr_ramp_from").get<double>();
+      ramp_start_ = adapt.at("lr_ramp_start").get<int64_t>();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("--resume: {} has an unreadable --adapt state ({}); start afresh "
+                              "in another --checkpoint directory",
+                              path, first_line(e.what())));
+    }
+    // The plan as it stood: the schedule's batch and lr, any smaller
+    // micro-batch an out-of-memory forced.
+    plan_.global_batch_size = record->plan.global_batch_size;
+    plan_.micro_batch_size = record->plan.micro_batch_size;
+    plan_.accumulation_steps = record->plan.accumulation_steps;
+    plan_.lr = record->plan.lr;
+    training_step_.set_micro_batch_size(plan_.micro_batch_size);
+  } else if (record->plan.micro_batch_size < plan_.micro_batch_size) {
+    // Keep the smaller micro-batch an earlier out-of-memory forced.
     plan_.micro_batch_size = record->plan.micro_batch_size;
     plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
     training_step_.set_micro_batch_size(plan_.micro_batch_size);

@@ -9,14 +9,6 @@
 
 namespace batchtune {
 
-double statistical_efficiency(double noise_scale, double base_batch, double batch) {
-  TORCH_CHECK(noise_scale >= 0 && base_batch > 0 && batch > 0,
-              "statistical_efficiency: need noise scale >= 0 and positive batches, got ",
-              noise_scale, ", ", base_batch, ", ", batch);
-  if (std::isinf(noise_scale)) return 1;  // all noise: every sample counts alike
-  return (noise_scale + base_batch) / (noise_scale + batch);
-}
-
 std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& rows,
                                                  double noise_scale, int64_t base_batch,
                                                  int64_t max_global_batch) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 #include <c10/core/Device.h>
 #include <torch/arg.h>
 
@@ -75,6 +76,9 @@ class NoiseScaleEstimator {
   std::optional<double> gradient_sq_norm() const;
   std::optional<double> trace_covariance() const;
   int64_t measurements() const { return measurements_; }
+  /// The averages as they stand, for a checkpoint, and back.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
 
  private:
   NoiseScaleOptions options_;
@@ -83,6 +87,18 @@ class NoiseScaleEstimator {
   double decay_power_ = 1;  // decay^measurements, for the bias correction
   int64_t measurements_ = 0;
 };
+
+/// Statistical efficiency of global batch `batch` relative to the base batch
+/// `base_batch` (Pollux, OSDI 2021): E(B) = (B_noise + B0) / (B_noise + B),
+/// the progress per sample at B as a share of that at B0, for gradient noise
+/// scale `noise_scale` = B_noise. 1 at B0, falling towards B0/B.
+///
+/// Example:
+/// ```
+///   batchtune::statistical_efficiency(100, 32, 32);   // 1
+///   batchtune::statistical_efficiency(100, 32, 132);  // 132 / 232 = 0.569
+/// ```
+double statistical_efficiency(double noise_scale, double base_batch, double batch);
 
 /// The squared L2 norm of all gradients of `parameters` together, as a float
 /// scalar on their device (no synchronisation). Parameters without a
@@ -101,7 +117,10 @@ class NoiseScaleTracker {
   /// when there is accumulation (every step: it is free), else half the
   /// logical batch every `kNoiseScaleEveryWithoutAccumulation` steps (from
   /// `kNoiseScaleMinSplitBatch` samples).
-  static int64_t small_batch(int64_t step, int64_t global_batch, int64_t micro_batch);
+  /// `split_every` says how often a step without accumulation is split
+  /// (`train --adapt` measures more often than the default).
+  static int64_t small_batch(int64_t step, int64_t global_batch, int64_t micro_batch,
+                             int64_t split_every = kNoiseScaleEveryWithoutAccumulation);
 
   /// Queues one measurement; squared norms are scalars on the device,
   /// divided by `loss_scale`² when read (gradients of a scaled loss).

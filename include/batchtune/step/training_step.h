@@ -30,6 +30,8 @@ struct StepOptions {
   /// accumulation, one step in `kNoiseScaleEveryWithoutAccumulation` split
   /// in two halves).
   TORCH_ARG(bool, measure_noise_scale) = false;
+  /// Without accumulation, one step in this many is split to measure it.
+  TORCH_ARG(int64_t, noise_scale_every) = kNoiseScaleEveryWithoutAccumulation;
 };
 
 /// The training step, once, for everything that runs one: the trial runner

@@ -55,6 +55,10 @@ struct CheckpointRecord {
   /// The summary of the run, when it finished (all its steps done): a resume
   /// of a finished run re-emits it instead of training nothing.
   std::optional<TrainSummary> summary;
+  /// `--adapt`: the batch schedule so far, the policy's state (speeds
+  /// measured) and the noise estimate, so that a resume continues the same
+  /// schedule; nullopt without `--adapt`. JSON `adapt`.
+  std::optional<nlohmann::json> adapt;
 };
 
 /// What a checkpoint writes and reads: the model, its optimizer and loss scaler.

@@ -10,9 +10,11 @@
 
 #include "batchtune/common/clock.h"
 #include "batchtune/data/dataset.h"
+#include "batchtune/data/sample_cursor.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/training_step.h"
+#include "batchtune/training/batch_adapter.h"
 
 namespace batchtune {
 
@@ -57,6 +59,11 @@ struct TrainOptions {
   /// The clock training time, waits for data and `time_limit_s` are read on
   /// (a fake in tests); null for the steady clock. It must outlive the run.
   TORCH_ARG(ClockPointer, clock) = nullptr;
+  /// Adapt the global batch and lr to the gradient noise scale as training
+  /// goes (see `BatchAdapter`): the plan's global batch and lr are where it
+  /// starts. Needs `measure_noise_scale`.
+  TORCH_ARG(bool, adapt) = false;
+  TORCH_ARG(AdaptOptions, adapt_options) = {};
 };
 
 /// A goal that ends training early: `metric` reaching `value`.
@@ -78,6 +85,7 @@ struct TrainEvent {
     kOomRecovery,  ///< out of memory: the micro-batch was halved; `message` says so
     kCheckpoint,   ///< a checkpoint was written; `message` names it
     kResumed,      ///< the run continues from a checkpoint (or, with none yet, starts afresh)
+    kBatchChange,  ///< `--adapt` changed the global batch; `message` says why
   };
   Kind kind = Kind::kProgress;
   int64_t step = 0;         ///< optimizer steps done
@@ -160,6 +168,9 @@ struct TrainSummary {
   std::optional<int64_t> steps_to_target;
   std::optional<double> seconds_to_target;
   std::optional<int64_t> samples_to_target;
+  /// `--adapt`: the global batch and lr over the run, one entry per change
+  /// (the first the start); empty without `--adapt`. JSON `batch_schedule`.
+  std::vector<BatchChange> batch_schedule;
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -211,8 +222,11 @@ class Trainer {
   /// The plan as it stands (micro-batch and accumulation change on OOM).
   const Plan& plan() const { return plan_; }
   LossScaler& scaler() { return training_step_.scaler(); }
-  /// Optimizer steps in one epoch (the last partial logical batch dropped).
+  /// Optimizer steps in one epoch (the last partial logical batch dropped),
+  /// at the global batch of the plan as it stands.
   int64_t steps_per_epoch() const;
+  /// `--adapt`: the changes so far, the first the start.
+  const std::vector<BatchChange>& batch_schedule() const { return schedule_; }
   /// The gradient noise scale as measured so far; data parallelism adds the
   /// local against the all-reduced gradient to its `estimator()`.
   NoiseScaleTracker& noise_scale() { return training_step_.noise_scale(); }
@@ -234,10 +248,22 @@ class Trainer {
   std::optional<TrainSummary> load_checkpoint();
   RunIdentity run_identity() const;
   void emit(TrainEvent::Kind kind, const std::string& message = "");
+  /// The lr of optimizer step `step` before warm-up: the plan's, on its way
+  /// from the last one over `kAdaptLrRampSteps` after an `--adapt` change.
+  double lr_at(int64_t step) const;
+  /// `--adapt`: times the window since the last decision and decides
+  /// (rank 0, for all ranks); true when the batch changed.
+  bool adapt_batch();
+  /// Trains at `change` from now on (the plan, the step, the cursor).
+  void apply_change(const BatchChange& change);
+  /// The optimizer steps the run takes in all, at the global batch as it stands.
+  int64_t planned_steps() const;
 
   Workload& workload_;
   DeviceMemory& memory_;
   Plan plan_;
+  /// The plan as given: the run's identity (a resume must give the same).
+  const Plan start_plan_;
   const Dataset& train_;
   const Dataset* test_;
   TrainOptions options_;
@@ -252,6 +278,13 @@ class Trainer {
   int64_t step_ = 0;
   int64_t epoch_ = 0;
   int64_t batch_in_epoch_ = 0;
+  /// Which samples each step takes, through the global batch's changes.
+  SampleCursor cursor_;
+  // --adapt: the policy, the changes, the lr ramp and the window timed.
+  std::optional<BatchAdapter> adapter_;
+  std::vector<BatchChange> schedule_;
+  double ramp_from_lr_ = 0;
+  int64_t ramp_start_ = -1;
   int64_t samples_ = 0;
   int64_t oom_recoveries_ = 0;
   int64_t total_steps_ = 0;
@@ -280,6 +313,8 @@ class Trainer {
   };
   Mark log_mark_;
   Mark progress_mark_;
+  Mark adapt_mark_;
+  bool adapt_window_clean_ = true;  // no change and no out-of-memory since adapt_mark_
 };
 
 }  // namespace batchtune

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/step/noise_scale.h"  // statistical_efficiency
 #include "batchtune/tuning/sweep.h"
 
 namespace batchtune {
@@ -12,18 +13,6 @@ namespace batchtune {
 /// micro-batches per step the statistical efficiency of so large a batch has
 /// fallen far below what any throughput gain could make up.
 constexpr int64_t kGoodputMaxAccumulation = 64;
-
-/// Statistical efficiency of global batch `batch` relative to the base batch
-/// `base_batch` (Pollux, OSDI 2021): E(B) = (B_noise + B0) / (B_noise + B),
-/// the progress per sample at B as a share of that at B0, for gradient noise
-/// scale `noise_scale` = B_noise. 1 at B0, falling towards B0/B.
-///
-/// Example:
-/// ```
-///   batchtune::statistical_efficiency(100, 32, 32);   // 1
-///   batchtune::statistical_efficiency(100, 32, 132);  // 132 / 232 = 0.569
-/// ```
-double statistical_efficiency(double noise_scale, double base_batch, double batch);
 
 /// One way to train at a global batch, and what it is worth.
 struct GoodputCandidate {

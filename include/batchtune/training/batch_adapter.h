@@ -1,0 +1,151 @@
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "batchtune/plan/plan.h"
+
+namespace batchtune {
+
+/// Optimizer steps between two decisions of `train --adapt`: long enough
+/// to time a batch size and gather several noise measurements, short enough
+/// to follow a noise scale that grows over a few hundred steps.
+constexpr int64_t kDefaultAdaptEvery = 50;
+/// The largest global batch `--adapt` grows to, as a multiple of the batch it
+/// starts from (when no `--adapt-max-batch` says otherwise).
+constexpr int64_t kDefaultAdaptGrowth = 32;
+/// A change must promise this much more goodput than staying (hysteresis):
+/// the estimates are noisy, and every change costs a few steps of lr ramp.
+constexpr double kAdaptMinGain = 0.05;
+/// Noise measurements before the first decision (the estimate's EMA is
+/// bias-corrected, but one or two measurements are too noisy to act on).
+constexpr int64_t kAdaptMinMeasurements = 4;
+/// Optimizer steps over which the lr moves from its old value to the new
+/// one after a change: a jump would hit Adam's moments, gathered at the old
+/// scale, all at once.
+constexpr int64_t kAdaptLrRampSteps = 20;
+/// Without accumulation, `--adapt` splits one step in this many to measure
+/// the noise scale (the default, one in 50, is too sparse to decide on
+/// every `kDefaultAdaptEvery` steps; one in 10 costs ~5-10 % on a small model).
+constexpr int64_t kAdaptNoiseEvery = 10;
+
+/// How `train --adapt` moves the global batch.
+struct AdaptOptions {
+  /// Optimizer steps between decisions (and the window a batch is timed over).
+  TORCH_ARG(int64_t, every) = kDefaultAdaptEvery;
+  /// The largest global batch; 0 for `kDefaultAdaptGrowth` × the start.
+  TORCH_ARG(int64_t, max_global_batch) = 0;
+  /// The smallest relative goodput gain that makes a change.
+  TORCH_ARG(double, min_gain) = kAdaptMinGain;
+  TORCH_ARG(int64_t, min_measurements) = kAdaptMinMeasurements;
+  TORCH_ARG(int64_t, lr_ramp_steps) = kAdaptLrRampSteps;
+};
+
+/// One row of the batch schedule: from optimizer step `step` on, the run
+/// trains at this batch and lr. JSON (`batch_schedule`): these names.
+struct BatchChange {
+  int64_t step = 0;
+  int64_t global_batch_size = 0;
+  int64_t micro_batch_size = 0;     ///< per rank
+  int64_t accumulation_steps = 0;
+  double lr = 0;                    ///< the lr after the ramp (and warm-up)
+  std::optional<double> noise_scale;  ///< B_simple the decision read; none at the start
+  /// Why, with the numbers: the goodput of both sizes, or "exploring".
+  std::string reason;
+};
+
+nlohmann::json to_json(const BatchChange& change);
+BatchChange batch_change_from_json(const nlohmann::json& j);
+
+/// The adaptive-batch policy of `train --adapt`, as pure decisions over what
+/// the loop measured: the gradient noise scale (B_noise) and the throughput
+/// of each global batch it ran.
+///
+/// Every `every` steps it compares the goodput (Pollux, OSDI 2021:
+/// throughput × statistical efficiency E(B) = (B_noise + B0) / (B_noise + B),
+/// B0 the batch it started from) of the current global batch with half and
+/// twice it, and changes when one promises `min_gain` more. Throughput is
+/// measured, never modelled: a batch not yet run is tried for one window
+/// (exploring) when even twice the throughput would not be enough it is not;
+/// after the window, it stays only where its measured goodput is higher, else
+/// the run goes back. A larger global batch keeps the micro-batch and
+/// accumulates once the micro-batch reaches what fits (`cap_micro_batch`,
+/// learned from an out-of-memory), so its throughput is the current one and
+/// only noise can make it worth it: it is not explored.
+///
+/// The lr follows the AdaScale gain (Johnson et al., ICML 2020): r(B) =
+/// (B/B0)·E(B), in [1, B/B0], the progress one step at B makes in steps at
+/// B0; lr(B) = lr0 × f(r) with f the plan's rule (linear for SGD, sqrt for the
+/// Adam family). Linear scaling by B/B0 alone overshoots while the noise
+/// scale is small, when a larger batch buys little progress per step.
+///
+/// Example:
+/// ```
+///   batchtune::BatchAdapter adapter(64, 1e-3, batchtune::LrScaling::kSqrt, 1);
+///   adapter.observe(64, 1.5, 3200);  // 3200 samples at batch 64 in 1.5 s
+///   auto change = adapter.decide(50, 64, 1, 410.0, 12);
+/// ```
+class BatchAdapter {
+ public:
+  BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling, int64_t world_size,
+               AdaptOptions options = {});
+
+  /// The batch it started from (B0) and its largest.
+  int64_t base_batch() const { return base_batch_; }
+  int64_t max_global_batch() const { return max_global_; }
+  const AdaptOptions& options() const { return options_; }
+
+  /// `samples` trained at `global_batch` in `seconds` of training time.
+  void observe(int64_t global_batch, double seconds, int64_t samples);
+  /// Samples per second measured at `global_batch`; nullopt when never run.
+  std::optional<double> speed(int64_t global_batch) const;
+  /// The micro-batch per rank that fits at most (an out-of-memory said so).
+  void cap_micro_batch(int64_t micro_batch);
+  int64_t micro_batch_cap() const { return micro_cap_; }
+
+  /// The micro-batch and accumulation per rank for `global_batch`: the
+  /// whole local batch up to the cap, else the fewest micro-batches of at
+  /// most the cap that divide it.
+  std::pair<int64_t, int64_t> split(int64_t global_batch) const;
+  /// The lr at `global_batch` for noise scale `noise_scale` (see the class).
+  double lr_for(int64_t global_batch, double noise_scale) const;
+
+  /// The decision at optimizer step `step`, training at `global_batch`:
+  /// a change, or nullopt to stay. `noise_scale` from `measurements`
+  /// measurements; no change before `min_measurements`.
+  std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
+                                    std::optional<double> noise_scale, int64_t measurements);
+
+  /// What a checkpoint keeps: the speeds, the cap, the trial under way.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state);
+
+ private:
+  struct Speed {
+    double seconds = 0;
+    int64_t samples = 0;
+  };
+  double goodput(int64_t global_batch, double noise_scale, double samples_per_s) const;
+  BatchChange change_to(int64_t step, int64_t global_batch, double noise_scale,
+                        std::string reason) const;
+
+  int64_t base_batch_;
+  double base_lr_;
+  LrScaling scaling_;
+  int64_t world_size_;
+  AdaptOptions options_;
+  int64_t max_global_;
+  int64_t micro_cap_ = 0;  // 0: none known
+  std::map<int64_t, Speed> speeds_;
+  /// The batch an exploration left (0 when none is under way).
+  int64_t explored_from_ = 0;
+};
+
+}  // namespace batchtune

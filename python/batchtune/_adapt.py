@@ -1,0 +1,199 @@
+"""`Trainer(adapt=True)`: the global batch and lr follow the gradient noise
+scale, by the library's own policy (`train --adapt`, batch_adapter.h), and
+`AdaptiveBatchSampler` hands the loader the next batch at the size of the
+moment."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+
+from . import _core, _distributed
+
+
+def _sq_norm(parameters: List[torch.Tensor]) -> torch.Tensor:
+    """The squared L2 norm of all gradients together, on their device (no wait)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+
+
+class Adaptation:
+    """What a `Trainer` with `adapt=True` keeps: the policy, the noise
+    estimate, the schedule of changes and the lr ramp after one."""
+
+    def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
+                 clock: Callable[[], float], group: Optional[Any]):
+        for name, value in (("adapt_every", every), ("adapt_max_batch", max_global_batch or 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
+                    name == "adapt_every" and value < 1):
+                raise _core.Error(f"{name}: give a whole number of "
+                                  f"{'steps, at least 1' if name == 'adapt_every' else 'samples'}, "
+                                  f"got {value!r}")
+        if max_global_batch is not None and max_global_batch < plan.global_batch_size:
+            raise _core.Error(f"adapt_max_batch: {max_global_batch} is below the plan's global "
+                              f"batch {plan.global_batch_size}; give at least that")
+        self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
+                                          plan.world_size, every, max_global_batch or 0)
+        self.noise = _core.NoiseScaleEstimator()
+        self.every = every
+        self.clock = clock
+        self.group = group
+        self.schedule: List[Dict[str, Any]] = [dict(
+            step=0, global_batch_size=plan.global_batch_size,
+            micro_batch_size=plan.micro_batch_size, accumulation_steps=plan.accumulation_steps,
+            lr=plan.lr, noise_scale=None,
+            reason="the plan's global batch and lr, where adapt starts")]
+        self.ramp_from = plan.lr
+        self.ramp_start = -1
+        self._pending: List[tuple] = []  # (small, small_sq, big, big_sq, scale) device scalars
+        self._mark = (clock(), 0)
+        self._samples = 0
+        self.window_clean = True
+
+    # -- measuring ---------------------------------------------------------
+
+    def small_batch(self, step: int, n: int, micro: int) -> int:
+        """The samples to measure first on this step (0: none); see the C++ tracker."""
+        return _core.small_batch(step, n, micro, _core.ADAPT_NOISE_EVERY)
+
+    def measure(self, small: int, small_sq: torch.Tensor, big: int, big_sq: torch.Tensor,
+                scale: float, world: int) -> None:
+        """Queues one measurement: gradient norms are those of the batch
+        over all ranks when DDP has averaged them (`world` > 1)."""
+        self._pending.append((small * world, small_sq, big * world, big_sq, scale))
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        values = torch.stack([torch.stack([p[1].float().reshape(()), p[3].float().reshape(())])
+                              for p in self._pending]).cpu().double().tolist()
+        for (small, _, big, _, scale), (small_sq, big_sq) in zip(self._pending, values):
+            self.noise.add(small, small_sq / scale ** 2, big, big_sq / scale ** 2)
+        self._pending = []
+
+    def trained(self, samples: int) -> None:
+        self._samples += samples
+
+    # -- deciding ----------------------------------------------------------
+
+    def lr_at(self, step: int, lr: float) -> float:
+        """`lr` (the plan's, after the last change) on its way from the
+        previous one over `ADAPT_LR_RAMP_STEPS` steps."""
+        ramp = _core.ADAPT_LR_RAMP_STEPS
+        if self.ramp_start < 0 or step >= self.ramp_start + ramp:
+            return lr
+        return self.ramp_from + (lr - self.ramp_from) * (step - self.ramp_start + 1) / ramp
+
+    def decide(self, step: int, plan: Any, device: torch.device) -> Optional[Dict[str, Any]]:
+        """After optimizer step `step`: times the window, and rank 0 decides for all."""
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = self.clock()
+        start, samples_before = self._mark
+        if self.window_clean:
+            self.adapter.observe(plan.global_batch_size, now - start,
+                                 self._samples - samples_before)
+        self._mark = (now, self._samples)
+        self.window_clean = True
+        self._flush()
+        change = None
+        if _distributed.rank(self.group) == 0:
+            change = self.adapter.decide(step, plan.global_batch_size, self.noise.noise_scale(),
+                                         self.noise.measurements())
+        if _distributed.world_size(self.group) > 1:
+            # Rank 0 decides for all (the ranks' noise estimates differ a little).
+            change = _distributed.broadcast_object(change, self.group)
+        return change
+
+    def apply(self, change: Dict[str, Any], step: int, current_lr: float) -> None:
+        self.ramp_from = current_lr
+        self.ramp_start = step
+        self.schedule.append(change)
+
+    # -- checkpoints -------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        self._flush()
+        return dict(schedule=[dict(c) for c in self.schedule], policy=self.adapter.state(),
+                    noise=self.noise.state(), ramp_from=self.ramp_from,
+                    ramp_start=self.ramp_start)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.schedule = [dict(c) for c in state["schedule"]]
+        self.adapter.load_state(state["policy"])
+        self.noise.load_state(state["noise"])
+        self.ramp_from = state["ramp_from"]
+        self.ramp_start = state["ramp_start"]
+        self._mark = (self.clock(), self._samples)
+
+
+class AdaptiveBatchSampler:
+    """Batches of indices for `DataLoader(dataset, batch_sampler=...)` at the
+    size a `Trainer(adapt=True)` trains at the moment: each batch is the next
+    `trainer.batch_size` samples of the epoch's order (this rank's share of
+    the global batch under torch.distributed), so a change of the batch takes
+    effect at the next batch the loader asks for, without restarting the
+    epoch or skipping a sample. An epoch ends where fewer than a batch are
+    left; those are dropped, as `drop_last` does. Each epoch's order is drawn
+    from (`seed`, epoch), so a resumed run (`state_dict`) sees the same order.
+
+    With `num_workers` > 0 the loader asks for batches ahead of time
+    (`prefetch_factor` per worker): a change then reaches the batches asked
+    for after it, and the ones already asked for train at the old size, whole.
+
+    Example::
+
+        trainer = batchtune.Trainer(model, optimizer, loss_fn, plan, adapt=True)
+        sampler = batchtune.AdaptiveBatchSampler(len(dataset), trainer, seed=0)
+        loader = DataLoader(dataset, batch_sampler=sampler)
+        for epoch in range(3):
+            for batch in loader:
+                trainer.step(batch)
+    """
+
+    def __init__(self, dataset_size: int, trainer: Any, shuffle: bool = True, seed: int = 0):
+        if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
+            raise _core.Error(f"dataset_size: give the number of samples (an int of at least 1), "
+                              f"got {dataset_size!r}")
+        self.dataset_size = dataset_size
+        self.trainer = trainer
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.offset = 0
+        world = trainer.plan.world_size
+        self.rank = _distributed.rank(trainer.group)
+        self.world = world
+
+    def _order(self, epoch: int) -> List[int]:
+        if not self.shuffle:
+            return list(range(self.dataset_size))
+        generator = torch.Generator().manual_seed(self.seed * 7919 + epoch + 1)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = self._order(self.epoch)
+        while True:
+            size = self.trainer.plan.global_batch_size
+            if self.dataset_size - self.offset < size:
+                break
+            batch = order[self.offset:self.offset + size]
+            self.offset += size
+            yield batch[self.rank::self.world]
+        self.epoch += 1
+        self.offset = 0
+
+    def __len__(self) -> int:
+        """Batches left in this epoch at the size of the moment."""
+        return (self.dataset_size - self.offset) // self.trainer.plan.global_batch_size
+
+    def state_dict(self) -> Dict[str, int]:
+        return dict(epoch=self.epoch, offset=self.offset, seed=self.seed)
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])
+        self.seed = int(state["seed"])
+

@@ -1,0 +1,83 @@
+#include "adapt_binding.h"
+
+#include <pybind11/stl.h>
+
+#include "batchtune/data/sample_cursor.h"
+#include "batchtune/plan/plan.h"
+#include "batchtune/step/noise_scale.h"
+#include "batchtune/training/batch_adapter.h"
+
+namespace py = pybind11;
+
+namespace batchtune::python {
+namespace {
+
+py::dict change_dict(const BatchChange& c) {
+  py::dict d;
+  d["step"] = c.step;
+  d["global_batch_size"] = c.global_batch_size;
+  d["micro_batch_size"] = c.micro_batch_size;
+  d["accumulation_steps"] = c.accumulation_steps;
+  d["lr"] = c.lr;
+  d["noise_scale"] = c.noise_scale ? py::cast(*c.noise_scale) : py::none();
+  d["reason"] = c.reason;
+  return d;
+}
+
+}  // namespace
+
+void bind_adapt(py::module_& m) {
+  m.attr("DEFAULT_ADAPT_EVERY") = kDefaultAdaptEvery;
+  m.attr("DEFAULT_ADAPT_GROWTH") = kDefaultAdaptGrowth;
+  m.attr("ADAPT_NOISE_EVERY") = kAdaptNoiseEvery;
+  m.attr("ADAPT_LR_RAMP_STEPS") = kAdaptLrRampSteps;
+  py::class_<NoiseScaleEstimator>(m, "NoiseScaleEstimator",
+                                  "The gradient noise scale from pairs of squared gradient norms.")
+      .def(py::init<>())
+      .def("add", &NoiseScaleEstimator::add, py::arg("small_batch"), py::arg("small_sq_norm"),
+           py::arg("big_batch"), py::arg("big_sq_norm"))
+      .def("noise_scale", &NoiseScaleEstimator::noise_scale)
+      .def("measurements", &NoiseScaleEstimator::measurements)
+      .def("state", [](const NoiseScaleEstimator& e) { return e.state().dump(); })
+      .def("load_state", [](NoiseScaleEstimator& e, const std::string& state) {
+        e.load_state(nlohmann::json::parse(state));
+      });
+  m.def("small_batch", &NoiseScaleTracker::small_batch, py::arg("step"), py::arg("global_batch"),
+        py::arg("micro_batch"), py::arg("split_every"));
+  py::class_<BatchAdapter>(m, "BatchAdapter", "The policy of `train --adapt` (see batch_adapter.h).")
+      .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
+                       int64_t world_size, int64_t every, int64_t max_global_batch) {
+             return BatchAdapter(base_batch, base_lr, parse_lr_scaling(lr_scaling, "lr_scaling"),
+                                 world_size,
+                                 AdaptOptions().every(every).max_global_batch(max_global_batch));
+           }),
+           py::arg("base_batch"), py::arg("base_lr"), py::arg("lr_scaling"),
+           py::arg("world_size"), py::arg("every"), py::arg("max_global_batch"))
+      .def("observe", &BatchAdapter::observe, py::arg("global_batch"), py::arg("seconds"),
+           py::arg("samples"))
+      .def("speed", &BatchAdapter::speed)
+      .def("cap_micro_batch", &BatchAdapter::cap_micro_batch)
+      .def("split", &BatchAdapter::split)
+      .def("lr_for", &BatchAdapter::lr_for)
+      .def_property_readonly("max_global_batch", &BatchAdapter::max_global_batch)
+      .def("decide",
+           [](BatchAdapter& a, int64_t step, int64_t global_batch,
+              std::optional<double> noise_scale, int64_t measurements) -> py::object {
+             const auto change = a.decide(step, global_batch, noise_scale, measurements);
+             return change ? py::object(change_dict(*change)) : py::none();
+           })
+      .def("state", [](const BatchAdapter& a) { return a.state().dump(); })
+      .def("load_state", [](BatchAdapter& a, const std::string& state) {
+        a.load_state(nlohmann::json::parse(state));
+      });
+  py::class_<SampleCursor>(m, "SampleCursor", "Which samples each step takes as the batch changes.")
+      .def(py::init<int64_t, int64_t>(), py::arg("dataset_size"), py::arg("global_batch"))
+      .def("change", &SampleCursor::change)
+      .def("at", [](const SampleCursor& c, int64_t step) {
+        const SamplePosition p = c.at(step);
+        return std::make_pair(p.epoch, p.offset);
+      })
+      .def("global_batch", &SampleCursor::global_batch);
+}
+
+}  // namespace batchtune::python

@@ -1,0 +1,215 @@
+#include "batchtune/training/batch_adapter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "batchtune/common/error.h"
+#include "batchtune/step/noise_scale.h"
+
+namespace batchtune {
+
+nlohmann::json to_json(const BatchChange& change) {
+  return {{"step", change.step},
+          {"global_batch_size", change.global_batch_size},
+          {"micro_batch_size", change.micro_batch_size},
+          {"accumulation_steps", change.accumulation_steps},
+          {"lr", change.lr},
+          {"noise_scale", change.noise_scale ? nlohmann::json(*change.noise_scale) : nullptr},
+          {"reason", change.reason}};
+}
+
+BatchChange batch_change_from_json(const nlohmann::json& j) {
+  BatchChange c;
+  c.step = j.at("step").get<int64_t>();
+  c.global_batch_size = j.at("global_batch_size").get<int64_t>();
+  c.micro_batch_size = j.at("micro_batch_size").get<int64_t>();
+  c.accumulation_steps = j.at("accumulation_steps").get<int64_t>();
+  c.lr = j.at("lr").get<double>();
+  if (!j.at("noise_scale").is_null()) c.noise_scale = j.at("noise_scale").get<double>();
+  c.reason = j.value("reason", "");
+  return c;
+}
+
+BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling,
+                           int64_t world_size, AdaptOptions options)
+    : base_batch_(base_batch),
+      base_lr_(base_lr),
+      scaling_(scaling),
+      world_size_(world_size),
+      options_(options) {
+  if (base_batch_ < 1 || world_size_ < 1 || base_batch_ % world_size_ != 0) {
+    throw Error(fmt::format("--adapt: the starting global batch {} must be a positive multiple "
+                            "of the world size {}",
+                            base_batch_, world_size_));
+  }
+  if (options_.every() < 1) {
+    throw Error(fmt::format("--adapt-every: must be at least 1 step, got {}", options_.every()));
+  }
+  if (options_.max_global_batch() < 0) {
+    throw Error(fmt::format("--adapt-max-batch: must be 0 (for {} x the starting batch) or "
+                            "more, got {}",
+                            kDefaultAdaptGrowth, options_.max_global_batch()));
+  }
+  max_global_ = options_.max_global_batch() > 0
+                    ? options_.max_global_batch()
+                    : checked_product(base_batch_, kDefaultAdaptGrowth).value_or(kMaxPlanCount);
+  if (max_global_ < base_batch_) {
+    throw Error(fmt::format("--adapt-max-batch: {} is below the starting global batch {}; give "
+                            "at least that",
+                            max_global_, base_batch_));
+  }
+}
+
+void BatchAdapter::observe(int64_t global_batch, double seconds, int64_t samples) {
+  if (!(seconds > 0) || samples <= 0) return;
+  Speed& s = speeds_[global_batch];
+  s.seconds += seconds;
+  s.samples += samples;
+}
+
+std::optional<double> BatchAdapter::speed(int64_t global_batch) const {
+  const auto it = speeds_.find(global_batch);
+  if (it == speeds_.end()) return std::nullopt;
+  return static_cast<double>(it->second.samples) / it->second.seconds;
+}
+
+void BatchAdapter::cap_micro_batch(int64_t micro_batch) {
+  micro_cap_ = micro_cap_ == 0 ? micro_batch : std::min(micro_cap_, micro_batch);
+}
+
+std::pair<int64_t, int64_t> BatchAdapter::split(int64_t global_batch) const {
+  const int64_t local = global_batch / world_size_;
+  if (micro_cap_ == 0 || local <= micro_cap_) return {local, 1};
+  for (int64_t accumulation = (local + micro_cap_ - 1) / micro_cap_;; ++accumulation) {
+    if (local % accumulation == 0) return {local / accumulation, accumulation};
+  }
+}
+
+double BatchAdapter::lr_for(int64_t global_batch, double noise_scale) const {
+  const double b = static_cast<double>(global_batch);
+  const double b0 = static_cast<double>(base_batch_);
+  const double gain = b / b0 * statistical_efficiency(noise_scale, b0, b);
+  switch (scaling_) {
+    case LrScaling::kLinear:
+      return base_lr_ * gain;
+    case LrScaling::kSqrt:
+      return base_lr_ * std::sqrt(gain);
+    case LrScaling::kNone:
+      break;
+  }
+  return base_lr_;
+}
+
+double BatchAdapter::goodput(int64_t global_batch, double noise_scale,
+                             double samples_per_s) const {
+  return samples_per_s * statistical_efficiency(noise_scale, static_cast<double>(base_batch_),
+                                                static_cast<double>(global_batch));
+}
+
+BatchChange BatchAdapter::change_to(int64_t step, int64_t global_batch, double noise_scale,
+                                    std::string reason) const {
+  BatchChange c;
+  c.step = step;
+  c.global_batch_size = global_batch;
+  std::tie(c.micro_batch_size, c.accumulation_steps) = split(global_batch);
+  c.lr = lr_for(global_batch, noise_scale);
+  c.noise_scale = noise_scale;
+  c.reason = std::move(reason);
+  return c;
+}
+
+std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_batch,
+                                                std::optional<double> noise_scale,
+                                                int64_t measurements) {
+  if (!noise_scale || measurements < options_.min_measurements()) return std::nullopt;
+  const std::optional<double> here = speed(global_batch);
+  if (!here) return std::nullopt;
+  const double ns = *noise_scale;
+  const double current = goodput(global_batch, ns, *here);
+  const auto words = [&](int64_t batch, double samples_per_s) {
+    return fmt::format("global batch {}: {:.0f} samples/s x efficiency {:.3f} = {:.0f}", batch,
+                       samples_per_s,
+                       statistical_efficiency(ns, static_cast<double>(base_batch_),
+                                              static_cast<double>(batch)),
+                       goodput(batch, ns, samples_per_s));
+  };
+
+  // An exploration's window is over: stay only where it measured better.
+  if (explored_from_ != 0) {
+    const int64_t from = explored_from_;
+    explored_from_ = 0;
+    const double before = goodput(from, ns, *speed(from));
+    if (current >= before) return std::nullopt;
+    return change_to(step, from,  ns,
+                     fmt::format("back to {} after trying {}: {} against {} (noise scale {:.0f})",
+                                 from, global_batch, words(from, *speed(from)),
+                                 words(global_batch, *here), ns));
+  }
+
+  // The better of half and twice the batch, where measured.
+  std::optional<BatchChange> best;
+  double best_goodput = current * (1 + options_.min_gain());
+  for (const int64_t candidate : {global_batch / 2, global_batch * 2}) {
+    if (candidate < base_batch_ || candidate > max_global_ || candidate % world_size_ != 0 ||
+        candidate == global_batch) {
+      continue;
+    }
+    if (const auto measured = speed(candidate)) {
+      const double g = goodput(candidate, ns, *measured);
+      if (g > best_goodput) {
+        best_goodput = g;
+        best = change_to(step, candidate, ns,
+                         fmt::format("{} against {} (noise scale {:.0f}, {} measurements)",
+                                     words(candidate, *measured), words(global_batch, *here), ns,
+                                     measurements));
+      }
+      continue;
+    }
+    // Not run yet: a larger batch whose micro-batch grows may run faster per
+    // sample. Try it for one window when, at up to twice today's throughput,
+    // it could win. Accumulation alone runs at today's throughput: no try.
+    if (candidate < global_batch) continue;
+    if (split(candidate).first == split(global_batch).first) continue;
+    const double bound = goodput(candidate, ns, 2 * *here);
+    if (!best && bound > best_goodput) {
+      explored_from_ = global_batch;
+      best = change_to(step, candidate, ns,
+                       fmt::format("trying global batch {} for {} steps: at up to twice the "
+                                   "throughput its goodput could reach {:.0f} against {} (noise "
+                                   "scale {:.0f})",
+                                   candidate, options_.every(), bound,
+                                   words(global_batch, *here), ns));
+    }
+  }
+  return best;
+}
+
+nlohmann::json BatchAdapter::state() const {
+  nlohmann::json speeds = nlohmann::json::array();
+  for (const auto& [batch, s] : speeds_) {
+    speeds.push_back({{"global_batch_size", batch}, {"seconds", s.seconds}, {"samples", s.samples}});
+  }
+  return {{"base_batch", base_batch_},
+          {"micro_batch_cap", micro_cap_},
+          {"explored_from", explored_from_},
+          {"speeds", speeds}};
+}
+
+void BatchAdapter::load_state(const nlohmann::json& state) {
+  if (state.at("base_batch").get<int64_t>() != base_batch_) {
+    throw Error(fmt::format("--resume: the checkpoint's --adapt run started at global batch {}, "
+                            "this one at {}; resume with the same plan",
+                            state.at("base_batch").get<int64_t>(), base_batch_));
+  }
+  micro_cap_ = state.at("micro_batch_cap").get<int64_t>();
+  explored_from_ = state.at("explored_from").get<int64_t>();
+  speeds_.clear();
+  for (const auto& s : state.at("speeds")) {
+    speeds_[s.at("global_batch_size").get<int64_t>()] = {s.at("seconds").get<double>(),
+                                                         s.at("samples").get<int64_t>()};
+  }
+}
+
+}  // namespace batchtune

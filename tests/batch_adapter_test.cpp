@@ -1,0 +1,191 @@
+#include "batchtune/training/batch_adapter.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "batchtune/common/error.h"
+#include "batchtune/step/noise_scale.h"
+
+namespace batchtune {
+namespace {
+
+// Measures `batch` at `samples_per_s` over one window of 1 s.
+void run_at(BatchAdapter& adapter, int64_t batch, double samples_per_s) {
+  adapter.observe(batch, 1.0, static_cast<int64_t>(samples_per_s));
+}
+
+TEST(BatchAdapter, WaitsForEnoughNoiseMeasurements) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  EXPECT_FALSE(adapter.decide(50, 64, std::nullopt, 0));
+  EXPECT_FALSE(adapter.decide(50, 64, 500.0, kAdaptMinMeasurements - 1));
+}
+
+TEST(BatchAdapter, TriesALargerBatchOnceAndGoesBackWhenItIsNotFaster) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  const auto tried = adapter.decide(50, 64, 100.0, 10);
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(tried->global_batch_size, 128);
+  EXPECT_NE(tried->reason.find("trying global batch 128"), std::string::npos) << tried->reason;
+  // As fast per sample at 128: efficiency alone falls, so back to 64.
+  run_at(adapter, 128, 1000);
+  const auto back = adapter.decide(100, 128, 100.0, 15);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->global_batch_size, 64);
+  EXPECT_NE(back->reason.find("back to 64"), std::string::npos) << back->reason;
+  // Measured now, 128 is not tried again while its goodput stays lower.
+  EXPECT_FALSE(adapter.decide(150, 64, 100.0, 20));
+}
+
+TEST(BatchAdapter, KeepsTheLargerBatchWhenItsGoodputIsHigher) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  ASSERT_TRUE(adapter.decide(50, 64, 1000.0, 10));
+  // 1.5x the throughput at 128 with noise scale 1000: E = 1064/1128, goodput
+  // 1415 against 1000.
+  run_at(adapter, 128, 1500);
+  EXPECT_FALSE(adapter.decide(100, 128, 1000.0, 15)) << "stays at 128";
+}
+
+TEST(BatchAdapter, GrowsToAMeasuredLargerBatchOnlyOnceTheNoiseScaleMakesItWorthIt) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  run_at(adapter, 128, 1200);  // 1.2x faster per sample
+  // Noise scale 50: E(128) = 114 / 178 = 0.64, goodput 769 < 1000.
+  EXPECT_FALSE(adapter.decide(50, 64, 50.0, 10));
+  // Noise scale 5000: E(128) = 5064 / 5128 = 0.988, goodput 1185 > 1050.
+  const auto grown = adapter.decide(100, 64, 5000.0, 20);
+  ASSERT_TRUE(grown);
+  EXPECT_EQ(grown->global_batch_size, 128);
+  EXPECT_EQ(grown->noise_scale, 5000.0);
+}
+
+TEST(BatchAdapter, HysteresisKeepsASmallGainFromChangingTheBatch) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  run_at(adapter, 128, 1030);
+  // Efficiency ~1 (huge noise scale): 3 % more goodput is under kAdaptMinGain.
+  EXPECT_FALSE(adapter.decide(50, 64, 1e9, 10));
+}
+
+TEST(BatchAdapter, AccumulationAloneIsNeverTriedForSpeed) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  adapter.cap_micro_batch(64);  // an out-of-memory said 64 is the most that fits
+  run_at(adapter, 64, 1000);
+  EXPECT_FALSE(adapter.decide(50, 64, 1e4, 10)) << "128 would be 64 x 2 at the same speed";
+  EXPECT_EQ(adapter.split(128), std::make_pair(int64_t{64}, int64_t{2}));
+}
+
+TEST(BatchAdapter, NeverLeavesItsBounds) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().max_global_batch(64));
+  run_at(adapter, 64, 1000);
+  EXPECT_FALSE(adapter.decide(50, 64, 1e6, 10)) << "64 is also the largest";
+  BatchAdapter bigger(64, 1e-3, LrScaling::kSqrt, 1);
+  EXPECT_EQ(bigger.max_global_batch(), 64 * kDefaultAdaptGrowth);
+  run_at(bigger, 64, 10);  // slow, but there is nothing below the start
+  run_at(bigger, 128, 10000);
+  const auto change = bigger.decide(50, 128, 1.0, 10);
+  EXPECT_TRUE(!change || change->global_batch_size >= 64);
+}
+
+TEST(BatchAdapter, TheLrFollowsTheAdaScaleGainUnderThePlansRule) {
+  BatchAdapter linear(64, 0.1, LrScaling::kLinear, 1);
+  // Gain r = (B/B0) E(B): 2 x (100 + 64) / (100 + 128) = 1.4386.
+  const double gain = 2.0 * (100.0 + 64) / (100.0 + 128);
+  EXPECT_DOUBLE_EQ(linear.lr_for(128, 100), 0.1 * gain);
+  EXPECT_DOUBLE_EQ(linear.lr_for(64, 100), 0.1) << "the start keeps its lr";
+  // All noise: the gain is the batch ratio; no noise: no gain at all.
+  EXPECT_NEAR(linear.lr_for(128, 1e12), 0.2, 1e-9);
+  EXPECT_NEAR(linear.lr_for(128, 0), 0.1, 1e-12);
+  BatchAdapter sqrt_rule(64, 1e-3, LrScaling::kSqrt, 1);
+  EXPECT_DOUBLE_EQ(sqrt_rule.lr_for(128, 100), 1e-3 * std::sqrt(gain));
+  BatchAdapter none(64, 1e-3, LrScaling::kNone, 1);
+  EXPECT_DOUBLE_EQ(none.lr_for(128, 100), 1e-3);
+}
+
+TEST(BatchAdapter, SplitsTheLocalBatchUnderTheMicroBatchCap) {
+  BatchAdapter adapter(48, 1e-3, LrScaling::kSqrt, 2);
+  EXPECT_EQ(adapter.split(96), std::make_pair(int64_t{48}, int64_t{1})) << "no cap yet";
+  adapter.cap_micro_batch(20);
+  EXPECT_EQ(adapter.split(96), std::make_pair(int64_t{16}, int64_t{3}));  // 48 per rank
+  adapter.cap_micro_batch(30);
+  EXPECT_EQ(adapter.micro_batch_cap(), 20) << "a cap only shrinks";
+}
+
+TEST(BatchAdapter, ItsStateRoundTripsForACheckpoint) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  ASSERT_TRUE(adapter.decide(50, 64, 100.0, 10));  // an exploration under way
+  BatchAdapter restored(64, 1e-3, LrScaling::kSqrt, 1);
+  restored.load_state(adapter.state());
+  EXPECT_EQ(restored.speed(64), adapter.speed(64));
+  run_at(adapter, 128, 1000);
+  run_at(restored, 128, 1000);
+  const auto a = adapter.decide(100, 128, 100.0, 15);
+  const auto b = restored.decide(100, 128, 100.0, 15);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->global_batch_size, b->global_batch_size);
+  EXPECT_EQ(a->reason, b->reason);
+  BatchAdapter other(32, 1e-3, LrScaling::kSqrt, 1);
+  EXPECT_THROW(other.load_state(adapter.state()), Error);
+}
+
+TEST(BatchAdapter, BadOptionsAreRefusedNamingTheFlag) {
+  const auto message = [](auto make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message([] { BatchAdapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().every(0)); })
+                .rfind("--adapt-every:", 0),
+            0u);
+  EXPECT_EQ(message([] {
+              BatchAdapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().max_global_batch(32));
+            }).rfind("--adapt-max-batch:", 0),
+            0u);
+  EXPECT_EQ(message([] { BatchAdapter(63, 1e-3, LrScaling::kSqrt, 2); }).rfind("--adapt:", 0), 0u);
+}
+
+TEST(BatchChange, RoundTripsThroughJson) {
+  BatchChange c;
+  c.step = 150;
+  c.global_batch_size = 128;
+  c.micro_batch_size = 64;
+  c.accumulation_steps = 2;
+  c.lr = 0.0014;
+  c.noise_scale = 812.5;
+  c.reason = "why";
+  const nlohmann::json j = to_json(c);
+  for (const char* field : {"step", "global_batch_size", "micro_batch_size", "accumulation_steps",
+                            "lr", "noise_scale"}) {
+    EXPECT_TRUE(j.contains(field)) << field;
+  }
+  const BatchChange back = batch_change_from_json(j);
+  EXPECT_EQ(back.step, 150);
+  EXPECT_EQ(back.global_batch_size, 128);
+  EXPECT_EQ(back.noise_scale, 812.5);
+  BatchChange start = c;
+  start.noise_scale.reset();
+  EXPECT_TRUE(to_json(start).at("noise_scale").is_null());
+}
+
+TEST(NoiseScaleEstimator, ItsStateRoundTrips) {
+  NoiseScaleEstimator a;
+  a.add(8, 3.0, 32, 1.5);
+  a.add(8, 2.5, 32, 1.2);
+  NoiseScaleEstimator b;
+  b.load_state(a.state());
+  EXPECT_EQ(b.noise_scale(), a.noise_scale());
+  EXPECT_EQ(b.measurements(), 2);
+  a.add(8, 2.0, 32, 1.0);
+  b.add(8, 2.0, 32, 1.0);
+  EXPECT_EQ(b.noise_scale(), a.noise_scale());
+}
+
+}  // namespace
+}  // namespace batchtune

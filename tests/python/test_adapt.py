@@ -1,0 +1,163 @@
+"""`Trainer(adapt=True)` and `AdaptiveBatchSampler`: the batch follows the
+noise scale by the library's policy, the sampler hands out the next samples
+at the size of the moment, and a resume continues the same schedule. The
+policy's decisions themselves are tested in C++ (batch_adapter_test.cpp)."""
+import types
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import batchtune
+from batchtune import _core
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+
+
+def _dataset(n=4096):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 16, generator=g)
+    w = torch.randn(16, 4, generator=g)
+    y = (x @ w + 0.5 * torch.randn(n, 4, generator=g)).argmax(1)
+    return TensorDataset(x, y)
+
+
+def _loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def _plan(batch=16, lr=0.05):
+    return batchtune.Plan(micro_batch_size=batch, accumulation_steps=1, global_batch_size=batch,
+                          lr=lr, lr_scaling="sqrt", warmup_steps=0)
+
+
+class _StepClock:
+    """A step takes 1 s whatever its batch: a larger batch is that much faster
+    per sample, so the policy has a reason to grow it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every=5):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = batchtune.Trainer(model, optimizer, _loss, plan or _plan(), adapt=True,
+                                adapt_every=every, clock=clock)
+    data = _dataset()
+    sampler = batchtune.AdaptiveBatchSampler(len(data), trainer, seed=3)
+    if state is not None:
+        trainer.load_state_dict(state)
+        sampler.load_state_dict(sampler_state)
+    loader = DataLoader(data, batch_sampler=sampler)
+    sizes = []
+    while trainer.steps_done < steps:
+        for batch in loader:
+            sizes.append((trainer.steps_done, len(batch[0])))
+            clock.now += 1.0
+            trainer.step(batch)
+            if trainer.steps_done >= steps:
+                break
+    return trainer, sampler, sizes
+
+
+def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch():
+    plan = _plan()
+    trainer, _, sizes = _train(_mlp(), 120, _StepClock(), plan=plan)
+    schedule = trainer.batch_schedule
+    assert len(schedule) >= 2, "a batch 2x as fast per sample is taken"
+    assert schedule[0]["step"] == 0 and schedule[0]["global_batch_size"] == 16
+    assert schedule[0]["noise_scale"] is None
+    for change in schedule[1:]:
+        assert change["step"] % 5 == 0
+        assert change["micro_batch_size"] * change["accumulation_steps"] == \
+            change["global_batch_size"]
+        assert 16 <= change["global_batch_size"] <= 16 * _core.DEFAULT_ADAPT_GROWTH
+        assert change["noise_scale"] is not None and change["lr"] > 0 and change["reason"]
+    # Every step trained at the size the schedule says, from the next batch on.
+    at = {c["step"]: c["global_batch_size"] for c in schedule}
+    current = None
+    for step, size in sizes:
+        current = at.get(step, current)
+        assert size == current, (step, size, current)
+    assert trainer.plan.global_batch_size == schedule[-1]["global_batch_size"]
+    assert plan.global_batch_size == 16, "the caller's plan is not changed"
+    assert trainer.noise_scale is not None
+
+
+def test_the_sampler_hands_out_each_sample_once_an_epoch_through_changes():
+    trainer = types.SimpleNamespace(plan=types.SimpleNamespace(global_batch_size=16,
+                                                               world_size=1), group=None)
+    sampler = batchtune.AdaptiveBatchSampler(1000, trainer, seed=0)
+    seen = []
+    for i, batch in enumerate(sampler):
+        seen += batch
+        assert len(batch) == trainer.plan.global_batch_size
+        if i == 4:
+            trainer.plan.global_batch_size = 64
+        if i == 8:
+            trainer.plan.global_batch_size = 128
+    assert len(seen) == len(set(seen)), "no sample twice in an epoch"
+    # 5 x 16 + 4 x 64 + 5 x 128 = 976; the 24 left make no batch of 128.
+    assert len(seen) == 976
+    assert sampler.epoch == 1 and sampler.offset == 0
+    again = next(iter(sampler))
+    assert len(again) == 128, "the next epoch starts at the size of the moment"
+
+
+def test_a_resume_continues_the_same_schedule_and_weights():
+    whole, _, _ = _train(_mlp(), 90, _StepClock())
+    schedule = whole.batch_schedule
+    assert len(schedule) >= 2
+    stop = schedule[1]["step"] + 3
+    model = _mlp()
+    first, sampler, _ = _train(model, stop, _StepClock())
+    state, sampler_state = first.state_dict(), sampler.state_dict()
+    model_state = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer_state = first.optimizer.state_dict()
+
+    resumed_model = _mlp()
+    resumed_model.load_state_dict(model_state)
+    optimizer = torch.optim.SGD(resumed_model.parameters(), lr=0.05)
+    optimizer.load_state_dict(optimizer_state)
+    clock = _StepClock()
+    second = batchtune.Trainer(resumed_model, optimizer, _loss, _plan(), adapt=True,
+                               adapt_every=5, clock=clock)
+    data = _dataset()
+    sampler2 = batchtune.AdaptiveBatchSampler(len(data), second, seed=3)
+    second.load_state_dict(state)
+    sampler2.load_state_dict(sampler_state)
+    loader = DataLoader(data, batch_sampler=sampler2)
+    while second.steps_done < 90:
+        for batch in loader:
+            clock.now += 1.0
+            second.step(batch)
+            if second.steps_done >= 90:
+                break
+    assert [(c["step"], c["global_batch_size"]) for c in second.batch_schedule] == \
+        [(c["step"], c["global_batch_size"]) for c in schedule]
+    for a, b in zip(whole.model.parameters(), resumed_model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_bad_adapt_arguments_are_refused_naming_them():
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with pytest.raises(batchtune.Error, match="^adapt_every:"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_every=0)
+    with pytest.raises(batchtune.Error, match="^adapt_max_batch:"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_max_batch=8)
+    with pytest.raises(batchtune.Error, match="^adapt:"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, scale_lr=False)
+    plain = batchtune.Trainer(model, optimizer, _loss, _plan())
+    adapting = batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True)
+    with pytest.raises(batchtune.Error, match="^state_dict:"):
+        plain.load_state_dict(adapting.state_dict())
+    with pytest.raises(batchtune.Error, match="^dataset_size:"):
+        batchtune.AdaptiveBatchSampler(0, adapting)

@@ -1,0 +1,210 @@
+// `train --adapt` in the training loop: the schedule it keeps, the samples
+// it takes, resuming and refusals. The policy's decisions themselves are
+// tested in batch_adapter_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <sys/stat.h>
+
+#include "batchtune/common/error.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/reports/train_reporter.h"
+#include "batchtune/step/workload.h"
+#include "batchtune/training/trainer.h"
+#include "fake_clock.h"
+#include "test_helpers.h"
+
+namespace batchtune {
+namespace {
+
+constexpr int64_t kMemoryLimit = int64_t{1} << 30;
+
+Workload mlp() {
+  return Workload(WorkloadOptions().model("mlp").input_shape({16}).classes(4).seed(7));
+}
+
+/// Counts how often each sample is read, per epoch of the trainer's order.
+class CountingDataset final : public Dataset {
+ public:
+  explicit CountingDataset(const Dataset& inner) : inner_(inner) {}
+  int64_t size() const override { return inner_.size(); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t i : indices) ++reads_[i];
+    return inner_.get_batch(indices);
+  }
+  std::vector<int64_t> sample_shape() const override { return inner_.sample_shape(); }
+  int64_t classes() const override { return inner_.classes(); }
+  std::string describe() const override { return inner_.describe(); }
+  std::map<int64_t, int64_t> reads() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reads_;
+  }
+
+ private:
+  const Dataset& inner_;
+  mutable std::mutex mutex_;
+  mutable std::map<int64_t, int64_t> reads_;
+};
+
+/// A run whose step takes 1 s whatever its batch (on a fake clock): a
+/// larger batch is that much faster per sample, so the policy has a reason
+/// to grow it.
+struct AdaptRun {
+  testing::FakeClock clock{0};
+  std::unique_ptr<DeviceMemory> memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+
+  TrainSummary run(Workload& w, const Dataset& data, TrainOptions options,
+                   std::vector<TrainEvent>* events = nullptr) {
+    Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+    plan.workers = 0;  // batches read when trained, none built ahead and dropped
+    Trainer trainer(w, *memory, plan, data, nullptr,
+                    options.seed(3).clock(&clock).adapt(true).adapt_options(
+                        AdaptOptions().every(5)));
+    trainer.set_before_step([&](int64_t) { clock.advance(1); });
+    if (events != nullptr) trainer.set_callback([&](const TrainEvent& e) { events->push_back(e); });
+    return trainer.run();
+  }
+};
+
+int64_t samples_of(const std::vector<BatchChange>& schedule, int64_t steps) {
+  int64_t samples = 0;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const int64_t end = i + 1 < schedule.size() ? schedule[i + 1].step : steps;
+    samples += (end - schedule[i].step) * schedule[i].global_batch_size;
+  }
+  return samples;
+}
+
+TEST(TrainerAdapt, GrowsTheBatchWhereItPaysAndKeepsAScheduleOfEveryChange) {
+  const auto train = testing::toy_data({16}, 4096, 4, 2);
+  CountingDataset data(*train);
+  Workload w = mlp();
+  AdaptRun run;
+  std::vector<TrainEvent> events;
+  const TrainSummary s = run.run(w, data, TrainOptions().epochs(1), &events);
+
+  ASSERT_GE(s.batch_schedule.size(), 2u) << "a batch 2x as fast per sample is taken";
+  const BatchChange& start = s.batch_schedule.front();
+  EXPECT_EQ(start.step, 0);
+  EXPECT_EQ(start.global_batch_size, 16);
+  EXPECT_EQ(start.lr, 1e-2);
+  EXPECT_FALSE(start.noise_scale.has_value());
+  int64_t changes = 0;
+  for (size_t i = 1; i < s.batch_schedule.size(); ++i) {
+    const BatchChange& c = s.batch_schedule[i];
+    EXPECT_GT(c.step, s.batch_schedule[i - 1].step);
+    EXPECT_EQ(c.step % 5, 0) << "decisions every 5 steps";
+    EXPECT_EQ(c.micro_batch_size * c.accumulation_steps, c.global_batch_size);
+    EXPECT_GE(c.global_batch_size, 16);
+    EXPECT_LE(c.global_batch_size, 16 * kDefaultAdaptGrowth);
+    EXPECT_TRUE(c.noise_scale.has_value());
+    EXPECT_GT(c.lr, 0);
+    EXPECT_FALSE(c.reason.empty());
+    ++changes;
+  }
+  int64_t change_events = 0;
+  for (const auto& e : events) change_events += e.kind == TrainEvent::Kind::kBatchChange ? 1 : 0;
+  EXPECT_EQ(change_events, changes) << "every change is logged";
+  EXPECT_GT(s.global_batch_size, 16);
+  EXPECT_EQ(s.global_batch_size, s.batch_schedule.back().global_batch_size);
+  EXPECT_EQ(s.samples, samples_of(s.batch_schedule, s.steps));
+  // One epoch: every sample read at most once (the tail that makes no batch
+  // of the size then trained is left out), and nearly all of them read.
+  const auto reads = data.reads();
+  for (const auto& [index, count] : reads) EXPECT_EQ(count, 1) << "sample " << index;
+  EXPECT_EQ(static_cast<int64_t>(reads.size()), s.samples);
+  EXPECT_GT(s.samples, 4096 - 16 * kDefaultAdaptGrowth);
+  EXPECT_NEAR(s.epochs, 1.0, 1e-9) << "the epoch finished";
+
+  const nlohmann::json j = to_json(s);
+  ASSERT_TRUE(j.contains("batch_schedule"));
+  EXPECT_EQ(j.at("batch_schedule").size(), s.batch_schedule.size());
+  EXPECT_EQ(j.at("batch_schedule").back().at("global_batch_size"), s.global_batch_size);
+}
+
+TEST(TrainerAdapt, WithoutAdaptTheSummaryHasNoSchedule) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = testing::toy_data({16}, 256, 4, 2);
+  Workload w = mlp();
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2));
+  const TrainSummary s = Trainer(w, *memory, plan, *train, nullptr, TrainOptions().steps(4)).run();
+  EXPECT_TRUE(s.batch_schedule.empty());
+  EXPECT_FALSE(to_json(s).contains("batch_schedule"));
+}
+
+TEST(TrainerAdapt, AResumeContinuesTheSameScheduleAndWeights) {
+  const auto train = testing::toy_data({16}, 4096, 4, 2);
+  const std::string dir = ::testing::TempDir() + "batchtune_adapt_resume_test";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+  ::mkdir(dir.c_str(), 0755);
+
+  Workload whole = mlp();
+  const TrainSummary s_whole = AdaptRun().run(whole, *train, TrainOptions().steps(90));
+  ASSERT_GE(s_whole.batch_schedule.size(), 2u);
+  // Stopped after a change, mid-window, then resumed.
+  const int64_t stop = s_whole.batch_schedule[1].step + 3;
+  {
+    Workload first = mlp();
+    AdaptRun().run(first, *train, TrainOptions().steps(stop).checkpoint_dir(dir));
+  }
+  Workload second = mlp();
+  const TrainSummary s_resumed =
+      AdaptRun().run(second, *train, TrainOptions().steps(90).checkpoint_dir(dir).resume(true));
+
+  EXPECT_EQ(s_resumed.resumed_from_step, stop);
+  ASSERT_EQ(s_resumed.batch_schedule.size(), s_whole.batch_schedule.size());
+  for (size_t i = 0; i < s_whole.batch_schedule.size(); ++i) {
+    EXPECT_EQ(s_resumed.batch_schedule[i].step, s_whole.batch_schedule[i].step) << i;
+    EXPECT_EQ(s_resumed.batch_schedule[i].global_batch_size,
+              s_whole.batch_schedule[i].global_batch_size)
+        << i;
+    EXPECT_DOUBLE_EQ(s_resumed.batch_schedule[i].lr, s_whole.batch_schedule[i].lr) << i;
+  }
+  EXPECT_EQ(s_resumed.samples, s_whole.samples);
+  EXPECT_EQ(s_resumed.final_loss, s_whole.final_loss);
+  auto a = whole.model().parameters();
+  auto b = second.model().parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << "parameter " << i;
+
+  // The checkpoint of an --adapt run is refused without --adapt.
+  Workload third = mlp();
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+  Trainer plain(third, *memory, plan, *train, nullptr,
+                TrainOptions().steps(95).seed(3).checkpoint_dir(dir).resume(true));
+  try {
+    plain.run();
+    ADD_FAILURE() << "resumed an --adapt checkpoint without --adapt";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resume it with --adapt"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerAdapt, IsRefusedWithoutTheNoiseScaleItFollows) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto train = testing::toy_data({16}, 256, 4, 2);
+  Workload w = mlp();
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2));
+  try {
+    Trainer(w, *memory, plan, *train, nullptr,
+            TrainOptions().steps(4).adapt(true).measure_noise_scale(false));
+    ADD_FAILURE() << "--adapt without the noise scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--adapt:", 0), 0u) << e.what();
+  }
+  try {
+    Trainer(w, *memory, plan, *train, nullptr,
+            TrainOptions().steps(4).adapt(true).adapt_options(AdaptOptions().max_global_batch(
+                1000)));
+    ADD_FAILURE() << "a largest batch over the data was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--adapt-max-batch:", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace batchtune
