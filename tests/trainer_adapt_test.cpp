@@ -206,5 +206,50 @@ TEST(TrainerAdapt, IsRefusedWithoutTheNoiseScaleItFollows) {
   }
 }
 
+TEST(TrainerAdapt, EvalEverySamplesEvaluatesByTheSamplesWhateverTheBatch) {
+  const auto train = testing::toy_data({16}, 4096, 4, 2);
+  const auto test = testing::toy_data({16}, 64, 4, 12);
+  Workload w = mlp();
+  AdaptRun run;
+  Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+  plan.workers = 0;
+  Trainer trainer(w, *run.memory, plan, *train, test.get(),
+                  TrainOptions().steps(120).seed(3).clock(&run.clock).adapt(true)
+                      .adapt_options(AdaptOptions().every(5)).eval_every_samples(400));
+  trainer.set_before_step([&](int64_t) { run.clock.advance(1); });
+  std::vector<int64_t> evaluated_after;  // steps; an epoch's end evaluates too
+  trainer.set_callback([&](const TrainEvent& e) {
+    if (e.kind == TrainEvent::Kind::kEvaluation || e.kind == TrainEvent::Kind::kEpochEnd) {
+      evaluated_after.push_back(e.step);
+    }
+  });
+  const TrainSummary s = trainer.run();
+  ASSERT_GE(s.batch_schedule.size(), 2u);
+  // Replay the samples per step from the schedule: an evaluation follows
+  // exactly the steps that crossed a multiple of 400 samples or ended an
+  // epoch.
+  SampleCursor cursor(train->size(), 16);
+  for (size_t i = 1; i < s.batch_schedule.size(); ++i) {
+    cursor.change(s.batch_schedule[i].step, s.batch_schedule[i].global_batch_size);
+  }
+  std::vector<int64_t> expected;
+  int64_t samples = 0;
+  for (int64_t step = 0; step < s.steps; ++step) {
+    const int64_t before = samples;
+    samples += cursor.global_batch(step);
+    if (samples / 400 > before / 400 || cursor.at(step + 1).epoch != cursor.at(step).epoch) {
+      expected.push_back(step + 1);
+    }
+  }
+  EXPECT_EQ(evaluated_after, expected);
+  try {
+    Trainer(w, *run.memory, plan, *train, test.get(),
+            TrainOptions().steps(4).eval_every(5).eval_every_samples(400));
+    ADD_FAILURE() << "both evaluation cadences were accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--eval-every-samples:", 0), 0u) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace batchtune

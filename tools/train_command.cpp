@@ -54,6 +54,7 @@ struct TrainFlags {
   int64_t checkpoint_every = 0;
   int64_t target_tokens = 0;
   int64_t eval_every = 0;
+  int64_t eval_every_samples = 0;
   // Set when the flag is given (`CLI::App::count`).
   double target_accuracy = 0;
   double target_loss = 0;
@@ -73,11 +74,12 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   if (!flags.checkpoint.empty()) {
     throw Error("--data text: trains without checkpoints for now; leave out --checkpoint");
   }
-  if (cmd.count("--target-accuracy") > 0 || flags.eval_every > 0) {
+  if (cmd.count("--target-accuracy") > 0 || flags.eval_every > 0 || flags.eval_every_samples > 0) {
     throw Error(fmt::format("{}: --data text has no test split to evaluate; stop at a training "
                             "loss with --target-loss",
                             cmd.count("--target-accuracy") > 0 ? "--target-accuracy"
-                                                               : "--eval-every"));
+                            : flags.eval_every > 0             ? "--eval-every"
+                                                               : "--eval-every-samples"));
   }
   check_text_inputs(flags.data, workload_flags);
   if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
@@ -168,6 +170,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
        {std::pair<const char*, int64_t>{"--steps", flags.steps},
         {"--log-every", flags.log_every},
         {"--eval-every", flags.eval_every},
+        {"--eval-every-samples", flags.eval_every_samples},
         {"--checkpoint-every", flags.checkpoint_every}}) {
     if (value > kMaxPlanCount) {
       throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, value));
@@ -294,8 +297,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                             "--data fashion-mnist or an image folder with a test split",
                             flags.data.data));
   }
-  if (flags.eval_every > 0 && !data.test) {
-    throw Error(fmt::format("--eval-every: --data {} has no test split to evaluate on",
+  if ((flags.eval_every > 0 || flags.eval_every_samples > 0) && !data.test) {
+    throw Error(fmt::format("{}: --data {} has no test split to evaluate on",
+                            flags.eval_every > 0 ? "--eval-every" : "--eval-every-samples",
                             flags.data.data));
   }
   ResolvedWorkload resolved = resolve_workload(workload_flags);
@@ -362,6 +366,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .eval_batch_size(plan.eval_micro_batch_size)
                       .measure_noise_scale(!flags.no_noise_scale)
                       .eval_every(flags.eval_every)
+                      .eval_every_samples(flags.eval_every_samples)
                       .adapt(flags.adapt)
                       .adapt_options(AdaptOptions()
                                          .every(flags.adapt_every)
@@ -430,6 +435,9 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--target-tokens", flags->target_tokens,
                   "--data text: real tokens per optimizer step, reached by accumulating "
                   "micro-batches (default: the token budget)");
+  cmd->add_option("--eval-every-samples", flags->eval_every_samples,
+                  "evaluate the test split every N training samples whatever the batch (for "
+                  "--adapt, whose batch grows), as well as at epoch ends");
   cmd->add_option("--eval-every", flags->eval_every,
                   "evaluate the test split every N optimizer steps as well as at epoch ends "
                   "(0: epoch ends only)");

@@ -79,6 +79,13 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
     throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
                             options_.checkpoint_every()));
   }
+  if (options_.eval_every_samples() < 0) {
+    throw Error(fmt::format("--eval-every-samples: must be 0 (epoch ends only) or more, got {}",
+                            options_.eval_every_samples()));
+  }
+  if (options_.eval_every_samples() > 0 && options_.eval_every() > 0) {
+    throw Error("--eval-every-samples: give it or --eval-every, not both");
+  }
   if (options_.eval_every() < 0) {
     throw Error(fmt::format("--eval-every: must be 0 (epoch ends only) or more, got {}",
                             options_.eval_every()));
@@ -527,7 +534,10 @@ TrainSummary Trainer::run() {
       }
       epoch_ = cursor_.at(step_).epoch;
       batch_in_epoch_ = 0;
-    } else if (options_.eval_every() > 0 && step_ % options_.eval_every() == 0) {
+    } else if ((options_.eval_every() > 0 && step_ % options_.eval_every() == 0) ||
+               (options_.eval_every_samples() > 0 &&
+                samples_ / options_.eval_every_samples() >
+                    (samples_ - plan_.global_batch_size) / options_.eval_every_samples())) {
       settle_clock();
       reached = evaluate_now(TrainEvent::Kind::kEvaluation);
     }

@@ -49,6 +49,10 @@ struct TrainOptions {
   /// Evaluate the test split every this many optimizer steps as well as at
   /// each epoch's end; 0 for epoch ends only.
   TORCH_ARG(int64_t, eval_every) = 0;
+  /// Evaluate every this many training samples instead (whatever the batch:
+  /// with `adapt` a step count would evaluate less often as the batch grows);
+  /// 0 for none. Not with `eval_every`.
+  TORCH_ARG(int64_t, eval_every_samples) = 0;
   /// Stop as soon as an evaluation reaches this test accuracy, a fraction in
   /// (0, 1]; needs a test split. nullopt trains the steps or epochs out.
   TORCH_ARG(std::optional<double>, target_accuracy) = std::nullopt;
