@@ -84,7 +84,44 @@ INSTANTIATE_TEST_SUITE_P(
                       "--target-loss"},
         BadTrainInput{"train --data text:/tmp --target-loss -1", "--target-loss"},
         BadTrainInput{"train --data text:/tmp --target-accuracy 0.5", "--target-accuracy"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt-every 10",
+                      "--adapt-every: tunes --adapt"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt --adapt-every 0",
+                      "--adapt-every"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt --adapt-max-batch 4",
+                      "--adapt-max-batch"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt --no-noise-scale",
+                      "--adapt"},
+        BadTrainInput{"train --data text:/tmp --adapt", "--adapt"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every-samples 100",
+                      "--eval-every-samples"},
         BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"}));
+
+TEST(TrainCli, AdaptWritesItsBatchScheduleAndLogsEveryChange) {
+  const auto r = run_cli(std::string("train --batch-size 8 --steps 60 --adapt --adapt-every 5") +
+                         kSmall + " --log-every 0 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  ASSERT_TRUE(json.contains("batch_schedule")) << r.output;
+  const auto& schedule = json["batch_schedule"];
+  ASSERT_GE(schedule.size(), 1U);
+  EXPECT_EQ(schedule[0]["step"], 0);
+  EXPECT_EQ(schedule[0]["global_batch_size"], 8);
+  for (const auto& change : schedule) {
+    for (const char* key : {"step", "global_batch_size", "micro_batch_size",
+                            "accumulation_steps", "lr", "noise_scale"}) {
+      EXPECT_TRUE(change.contains(key)) << key;
+    }
+  }
+  EXPECT_EQ(json["global_batch_size"], schedule.back()["global_batch_size"]);
+  // Each change is a line of the log.
+  size_t lines = 0;
+  for (size_t at = r.output.find("--adapt: global batch"); at != std::string::npos;
+       at = r.output.find("--adapt: global batch", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, schedule.size() - 1) << r.output;
+}
 
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {
   const auto r = batchtune::testing::run_cli(
