@@ -477,6 +477,31 @@ TEST(LaunchCli, TwoRanksTrainOneJobWithOneResult) {
   EXPECT_EQ(summary["steps"], 3);
 }
 
+TEST(LaunchCli, TwoRanksAdaptOneScheduleAndMeasureTheNoiseAcrossRanks) {
+  if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
+  const std::string json = ::testing::TempDir() + "batchtune_launch_adapt_" +
+                           std::to_string(::getpid()) + ".json";
+  const auto r = batchtune::testing::run_cli(
+      "launch --nproc 2 -- train --model mlp --input 12 --classes 4 --steps 60 --batch-size 8 "
+      "--adapt --adapt-every 10 --amp off --timeout 30 --log-every 0 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto summary = nlohmann::json::parse(read_text(json));
+  EXPECT_EQ(summary["world_size"], 2);
+  // Every step compares a rank's gradient with the all-reduced one.
+  EXPECT_TRUE(summary["noise_scale"].is_number()) << r.output;
+  const auto& schedule = summary["batch_schedule"];
+  ASSERT_GE(schedule.size(), 1U);
+  EXPECT_EQ(schedule[0]["global_batch_size"], 16);
+  for (const auto& change : schedule) {
+    EXPECT_EQ(change["micro_batch_size"].get<int64_t>() *
+                  change["accumulation_steps"].get<int64_t>() * 2,
+              change["global_batch_size"].get<int64_t>());
+  }
+  EXPECT_EQ(summary["global_batch_size"], schedule.back()["global_batch_size"]);
+  // Both ranks trained every step at rank 0's batch: the job ended together.
+  EXPECT_EQ(summary["steps"], 60);
+}
+
 TEST(LaunchCli, AFailingRankFailsTheLaunch) {
   if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
   const auto r = batchtune::testing::run_cli("launch --nproc 2 -- train --batch-size 0");

@@ -316,7 +316,21 @@ void Trainer::train_step(const Batch& batch) {
                      before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
                      plan_.micro_batch_size));
   }
+  // Data parallel: this rank's gradient against the all-reduced one is a
+  // measurement of the noise scale at (local, global batch), for the price
+  // of two norms on the device (McCandlish et al.'s own use of the ranks).
+  const bool measure_ranks =
+      options_.measure_noise_scale() && data_parallel_.world_size() > 1 && batch.size() > 0;
+  at::Tensor local_sq;
+  if (measure_ranks) local_sq = squared_gradient_norm(workload_.model().parameters());
   data_parallel_.average_gradients(workload_.model().parameters(), &memory_);
+  if (measure_ranks) {
+    LossScaler& scaler = training_step_.scaler();
+    training_step_.noise_scale().add(
+        batch.size(), std::move(local_sq), batch.size() * data_parallel_.world_size(),
+        squared_gradient_norm(workload_.model().parameters()),
+        scaler.enabled() ? scaler.current_scale() : 1.0);
+  }
   const int64_t ooms_before_step = memory_.oom_count();
   try {
     training_step_.apply(scheduled_lr(lr_at(step_), plan_.warmup_steps, step_));
