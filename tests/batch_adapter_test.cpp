@@ -132,6 +132,43 @@ TEST(BatchAdapter, ItsStateRoundTripsForACheckpoint) {
   EXPECT_THROW(other.load_state(adapter.state()), Error);
 }
 
+TEST(BatchAdapter, AnUncertainNoiseScaleKeepsTheBatch) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(adapter, 64, 1000);
+  run_at(adapter, 128, 1200);
+  // The point estimate (5000) would grow to 128 (see above); its low end
+  // (20) says 128 is worth 1200 x 84 / 148 = 681 against 1000.
+  EXPECT_FALSE(adapter.decide(100, 64, 5000.0, 20, NoiseInterval{20, 9000}));
+  const auto grown = adapter.decide(150, 64, 5000.0, 20, NoiseInterval{4000, 6000});
+  ASSERT_TRUE(grown);
+  EXPECT_EQ(grown->global_batch_size, 128);
+  EXPECT_NE(grown->reason.find("likely 4000-6000"), std::string::npos) << grown->reason;
+}
+
+TEST(NoiseScaleEstimator, ItsIntervalHoldsTheEstimateAndNarrowsWithSteadyMeasurements) {
+  NoiseScaleEstimator few;
+  few.add(8, 3.0, 32, 1.5);
+  few.add(8, 2.9, 32, 1.4);
+  EXPECT_FALSE(few.interval()) << "two measurements say nothing of the spread";
+  // |G|^2 = 1 and tr(Sigma) = 100 in expectation: |G_B|^2 = 1 + 100 / B.
+  NoiseScaleEstimator steady;
+  NoiseScaleEstimator noisy;
+  for (int i = 0; i < 20; ++i) {
+    const double wobble = (i % 2 == 0 ? 1 : -1);
+    steady.add(10, 11.0 + 0.1 * wobble, 50, 3.0);
+    noisy.add(10, 11.0 + 4.0 * wobble, 50, 3.0);
+  }
+  const auto s = steady.interval();
+  const auto n = noisy.interval();
+  ASSERT_TRUE(s && n);
+  EXPECT_LE(s->low, 100.0);
+  EXPECT_GE(s->high, 100.0);
+  EXPECT_LT(s->high - s->low, n->high - n->low);
+  NoiseScaleEstimator restored;
+  restored.load_state(steady.state());
+  EXPECT_EQ(restored.interval()->low, s->low) << "the window is part of the state";
+}
+
 TEST(BatchAdapter, BadOptionsAreRefusedNamingTheFlag) {
   const auto message = [](auto make) {
     try {

@@ -101,7 +101,7 @@ class Adaptation:
         change = None
         if _distributed.rank(self.group) == 0:
             change = self.adapter.decide(step, plan.global_batch_size, self.noise.noise_scale(),
-                                         self.noise.measurements())
+                                         self.noise.measurements(), self.noise.interval())
         if _distributed.world_size(self.group) > 1:
             # Rank 0 decides for all (the ranks' noise estimates differ a little).
             change = _distributed.broadcast_object(change, self.group)

@@ -38,6 +38,12 @@ void bind_adapt(py::module_& m) {
            py::arg("big_batch"), py::arg("big_sq_norm"))
       .def("noise_scale", &NoiseScaleEstimator::noise_scale)
       .def("measurements", &NoiseScaleEstimator::measurements)
+      .def("interval",
+           [](const NoiseScaleEstimator& e) -> std::optional<std::pair<double, double>> {
+             const auto i = e.interval();
+             if (!i) return std::nullopt;
+             return std::make_pair(i->low, i->high);
+           })
       .def("state", [](const NoiseScaleEstimator& e) { return e.state().dump(); })
       .def("load_state", [](NoiseScaleEstimator& e, const std::string& state) {
         e.load_state(nlohmann::json::parse(state));
@@ -62,10 +68,15 @@ void bind_adapt(py::module_& m) {
       .def_property_readonly("max_global_batch", &BatchAdapter::max_global_batch)
       .def("decide",
            [](BatchAdapter& a, int64_t step, int64_t global_batch,
-              std::optional<double> noise_scale, int64_t measurements) -> py::object {
-             const auto change = a.decide(step, global_batch, noise_scale, measurements);
+              std::optional<double> noise_scale, int64_t measurements,
+              std::optional<std::pair<double, double>> interval) -> py::object {
+             std::optional<NoiseInterval> range;
+             if (interval) range = NoiseInterval{interval->first, interval->second};
+             const auto change = a.decide(step, global_batch, noise_scale, measurements, range);
              return change ? py::object(change_dict(*change)) : py::none();
-           })
+           },
+           py::arg("step"), py::arg("global_batch"), py::arg("noise_scale"),
+           py::arg("measurements"), py::arg("interval") = py::none())
       .def("state", [](const BatchAdapter& a) { return a.state().dump(); })
       .def("load_state", [](BatchAdapter& a, const std::string& state) {
         a.load_state(nlohmann::json::parse(state));

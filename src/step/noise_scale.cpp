@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 
 
@@ -29,13 +30,43 @@ void NoiseScaleEstimator::add(double small_batch, double small_sq_norm, double b
   ema_trace_ = d * ema_trace_ + (1 - d) * trace;
   decay_power_ *= d;
   ++measurements_;
+  window_.emplace_back(gradient_sq, trace);
+  if (window_.size() > kNoiseScaleWindow) window_.erase(window_.begin());
+}
+
+std::optional<NoiseInterval> NoiseScaleEstimator::interval() const {
+  const size_t n = window_.size();
+  if (n < 3) return std::nullopt;
+  double sum_g = 0;
+  double sum_t = 0;
+  for (const auto& [g, t] : window_) {
+    sum_g += g;
+    sum_t += t;
+  }
+  if (!(sum_g > 0)) return std::nullopt;
+  // Jackknife of the ratio of means: leave each measurement out once.
+  std::vector<double> leave_one_out;
+  for (const auto& [g, t] : window_) {
+    const double rest_g = sum_g - g;
+    if (!(rest_g > 0)) return std::nullopt;
+    leave_one_out.push_back((sum_t - t) / rest_g);
+  }
+  double mean = 0;
+  for (double v : leave_one_out) mean += v;
+  mean /= static_cast<double>(n);
+  double sq = 0;
+  for (double v : leave_one_out) sq += (v - mean) * (v - mean);
+  const double se = std::sqrt(static_cast<double>(n - 1) / static_cast<double>(n) * sq);
+  const double estimate = sum_t / sum_g;
+  return NoiseInterval{std::max(0.0, estimate - 2 * se), std::max(0.0, estimate + 2 * se)};
 }
 
 nlohmann::json NoiseScaleEstimator::state() const {
   return {{"ema_gradient_sq", ema_gradient_sq_},
           {"ema_trace", ema_trace_},
           {"decay_power", decay_power_},
-          {"measurements", measurements_}};
+          {"measurements", measurements_},
+          {"window", window_}};
 }
 
 void NoiseScaleEstimator::load_state(const nlohmann::json& state) {
@@ -43,6 +74,7 @@ void NoiseScaleEstimator::load_state(const nlohmann::json& state) {
   ema_trace_ = state.at("ema_trace").get<double>();
   decay_power_ = state.at("decay_power").get<double>();
   measurements_ = state.at("measurements").get<int64_t>();
+  window_ = state.value("window", std::vector<std::pair<double, double>>{});
 }
 
 std::optional<double> NoiseScaleEstimator::gradient_sq_norm() const {

@@ -122,48 +122,58 @@ BatchChange BatchAdapter::change_to(int64_t step, int64_t global_batch, double n
 
 std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_batch,
                                                 std::optional<double> noise_scale,
-                                                int64_t measurements) {
+                                                int64_t measurements,
+                                                std::optional<NoiseInterval> interval) {
   if (!noise_scale || measurements < options_.min_measurements()) return std::nullopt;
   const std::optional<double> here = speed(global_batch);
   if (!here) return std::nullopt;
   const double ns = *noise_scale;
-  const double current = goodput(global_batch, ns, *here);
-  const auto words = [&](int64_t batch, double samples_per_s) {
+  // The cautious end of the estimate for each direction: a larger batch pays
+  // only where the noise is high, a smaller one only where it is low.
+  const double low = interval ? std::min(interval->low, ns) : ns;
+  const double high = interval ? std::max(interval->high, ns) : ns;
+  const std::string noise_words =
+      interval ? fmt::format("noise scale {:.0f}, likely {:.0f}-{:.0f}, {} measurements", ns, low,
+                             high, measurements)
+               : fmt::format("noise scale {:.0f}, {} measurements", ns, measurements);
+  const auto words = [&](int64_t batch, double samples_per_s, double at) {
     return fmt::format("global batch {}: {:.0f} samples/s x efficiency {:.3f} = {:.0f}", batch,
                        samples_per_s,
-                       statistical_efficiency(ns, static_cast<double>(base_batch_),
+                       statistical_efficiency(at, static_cast<double>(base_batch_),
                                               static_cast<double>(batch)),
-                       goodput(batch, ns, samples_per_s));
+                       goodput(batch, at, samples_per_s));
   };
 
-  // An exploration's window is over: stay only where it measured better.
+  // An exploration's window is over: the larger batch stays only where it
+  // measured better, at the low end of the noise.
   if (explored_from_ != 0) {
     const int64_t from = explored_from_;
     explored_from_ = 0;
-    const double before = goodput(from, ns, *speed(from));
-    if (current >= before) return std::nullopt;
-    return change_to(step, from,  ns,
-                     fmt::format("back to {} after trying {}: {} against {} (noise scale {:.0f})",
-                                 from, global_batch, words(from, *speed(from)),
-                                 words(global_batch, *here), ns));
+    const double before = goodput(from, low, *speed(from));
+    if (goodput(global_batch, low, *here) >= before) return std::nullopt;
+    return change_to(step, from, ns,
+                     fmt::format("back to {} after trying {}: {} against {} ({})", from,
+                                 global_batch, words(from, *speed(from), low),
+                                 words(global_batch, *here, low), noise_words));
   }
 
   // The better of half and twice the batch, where measured.
   std::optional<BatchChange> best;
-  double best_goodput = current * (1 + options_.min_gain());
+  double best_gain = 1 + options_.min_gain();
   for (const int64_t candidate : {global_batch / 2, global_batch * 2}) {
     if (candidate < base_batch_ || candidate > max_global_ || candidate % world_size_ != 0 ||
         candidate == global_batch) {
       continue;
     }
+    const double at = candidate > global_batch ? low : high;
+    const double current = goodput(global_batch, at, *here);
     if (const auto measured = speed(candidate)) {
-      const double g = goodput(candidate, ns, *measured);
-      if (g > best_goodput) {
-        best_goodput = g;
+      const double gain = goodput(candidate, at, *measured) / current;
+      if (gain > best_gain) {
+        best_gain = gain;
         best = change_to(step, candidate, ns,
-                         fmt::format("{} against {} (noise scale {:.0f}, {} measurements)",
-                                     words(candidate, *measured), words(global_batch, *here), ns,
-                                     measurements));
+                         fmt::format("{} against {} ({})", words(candidate, *measured, at),
+                                     words(global_batch, *here, at), noise_words));
       }
       continue;
     }
@@ -172,15 +182,14 @@ std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_bat
     // it could win. Accumulation alone runs at today's throughput: no try.
     if (candidate < global_batch) continue;
     if (split(candidate).first == split(global_batch).first) continue;
-    const double bound = goodput(candidate, ns, 2 * *here);
-    if (!best && bound > best_goodput) {
+    const double bound = goodput(candidate, at, 2 * *here);
+    if (!best && bound / current > best_gain) {
       explored_from_ = global_batch;
       best = change_to(step, candidate, ns,
                        fmt::format("trying global batch {} for {} steps: at up to twice the "
-                                   "throughput its goodput could reach {:.0f} against {} (noise "
-                                   "scale {:.0f})",
+                                   "throughput its goodput could reach {:.0f} against {} ({})",
                                    candidate, options_.every(), bound,
-                                   words(global_batch, *here), ns));
+                                   words(global_batch, *here, at), noise_words));
     }
   }
   return best;

@@ -170,7 +170,7 @@ bool Trainer::adapt_batch() {
     NoiseScaleTracker& noise = training_step_.noise_scale();
     const std::optional<double> noise_scale = noise.noise_scale();
     change = adapter_->decide(step_, plan_.global_batch_size, noise_scale,
-                              noise.estimator().measurements());
+                              noise.estimator().measurements(), noise.estimator().interval());
   }
   if (data_parallel_.distributed()) {
     // Rank 0 decides for all (the ranks' noise estimates differ a little).

@@ -32,6 +32,16 @@ constexpr int64_t kNoiseScaleEveryWithoutAccumulation = 50;
 /// fails where the step itself ran (resnet18 at 32x32 and below).
 constexpr int64_t kNoiseScaleMinSplitBatch = 4;
 
+/// Raw measurements the estimator keeps for the spread of its estimate.
+constexpr size_t kNoiseScaleWindow = 32;
+
+/// A range the noise scale lies in: ±2 jackknife standard errors of the
+/// ratio of the last `kNoiseScaleWindow` measurements' means, clamped at 0.
+struct NoiseInterval {
+  double low = 0;
+  double high = 0;
+};
+
 struct NoiseScaleOptions {
   /// EMA decay of |G|² and tr(Σ), each before the ratio is taken.
   TORCH_ARG(double, decay) = kDefaultNoiseScaleDecay;
@@ -75,6 +85,10 @@ class NoiseScaleEstimator {
   /// The smoothed estimates themselves; nullopt before the first measurement.
   std::optional<double> gradient_sq_norm() const;
   std::optional<double> trace_covariance() const;
+  /// How sure the estimate is (see `NoiseInterval`); nullopt with fewer than
+  /// 3 measurements, or while the window's mean |G|² is not positive. A
+  /// decision on the noise scale takes its cautious end.
+  std::optional<NoiseInterval> interval() const;
   int64_t measurements() const { return measurements_; }
   /// The averages as they stand, for a checkpoint, and back.
   nlohmann::json state() const;
@@ -85,6 +99,8 @@ class NoiseScaleEstimator {
   double ema_gradient_sq_ = 0;
   double ema_trace_ = 0;
   double decay_power_ = 1;  // decay^measurements, for the bias correction
+  /// The last `kNoiseScaleWindow` raw (|G|², tr(Σ)) estimates, oldest first.
+  std::vector<std::pair<double, double>> window_;
   int64_t measurements_ = 0;
 };
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batchtune/plan/plan.h"
+#include "batchtune/step/noise_scale.h"
 
 namespace batchtune {
 
@@ -119,9 +120,12 @@ class BatchAdapter {
 
   /// The decision at optimizer step `step`, training at `global_batch`:
   /// a change, or nullopt to stay. `noise_scale` from `measurements`
-  /// measurements; no change before `min_measurements`.
+  /// measurements; no change before `min_measurements`. With `interval`
+  /// (how sure the estimate is), a larger batch is judged at its low end and
+  /// a smaller one at its high end: an uncertain estimate keeps the batch.
   std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
-                                    std::optional<double> noise_scale, int64_t measurements);
+                                    std::optional<double> noise_scale, int64_t measurements,
+                                    std::optional<NoiseInterval> interval = std::nullopt);
 
   /// What a checkpoint keeps: the speeds, the cap, the trial under way.
   nlohmann::json state() const;

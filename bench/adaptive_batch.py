@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Does a batch that follows the gradient noise scale reach the target
+sooner than the best fixed batch? `train --adapt` against a grid of fixed
+global batches, from the same seed, each to the same test accuracy.
+
+    python bench/adaptive_batch.py [--batchtune build/batchtune] [--repeats 3]
+        [--grid 32,64,128,256] [--start 32] [--json FILE]
+
+lenet on Fashion-MNIST (`--data fashion-mnist`) to 85 % test accuracy. Each
+fixed way is `train --batch-size G` (the lr scaled from the default 1e-3 at
+batch 64 by the plan's rule, sqrt for Adam); the adaptive way is
+`train --batch-size START --adapt`. All evaluate every `--eval-samples`
+training samples whatever the batch (`--eval-every-samples`), so that no
+way is found late for want of an evaluation, and all run at `--amp off`
+(no precision measurement in the timing). The ways take turns (fixed 32,
+fixed 64, ..., adapt, fixed 32, ...) so that a change in the machine's load
+falls on all of them; each runs `--repeats` times and the table gives
+medians of the runs that reached the target. `seconds_to_target` is
+training time only (evaluation excluded); the wall column is the whole
+command. The adaptive run of median time prints its schedule (step, global
+batch, lr, noise scale).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batchtune", default="build/batchtune")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each way (at least 2)")
+    p.add_argument("--grid", default="32,64,128,256", help="the fixed global batches")
+    p.add_argument("--start", type=int, default=32, help="where --adapt starts")
+    p.add_argument("--adapt-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-accuracy", type=float, default=0.85)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--eval-samples", type=int, default=3200)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if args.repeats < 2:
+        p.error("--repeats: at least 2 (a single run says nothing of its spread)")
+    return args
+
+
+def run(args, way, out_dir, index):
+    path = os.path.join(out_dir, f"{index}.json")
+    cmd = [args.batchtune, "train", "--data", "fashion-mnist", "--model", "lenet",
+           "--amp", "off", "--seed", str(args.seed), "--epochs", str(args.epochs),
+           "--target-accuracy", str(args.target_accuracy),
+           "--eval-every-samples", str(args.eval_samples), "--log-every", "0",
+           "--json", path]
+    if way == "adapt":
+        cmd += ["--batch-size", str(args.start), "--adapt", "--adapt-every", str(args.adapt_every)]
+    else:
+        cmd += ["--batch-size", str(way)]
+    start = time.monotonic()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.monotonic() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
+    with open(path) as f:
+        summary = json.load(f)
+    summary["wall_s"] = wall
+    return summary
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def spread(values):
+    """(max - min) / median, the runs' spread as a share."""
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def main():
+    args = parse()
+    ways = [int(g) for g in args.grid.split(",")] + ["adapt"]
+    runs = {way: [] for way in ways}
+    with tempfile.TemporaryDirectory() as out_dir:
+        index = 0
+        for _ in range(args.repeats):
+            for way in ways:
+                runs[way].append(run(args, way, out_dir, index))
+                index += 1
+                print(f"{way}: {runs[way][-1].get('seconds_to_target')}", file=sys.stderr)
+
+    print(f"lenet on Fashion-MNIST to {args.target_accuracy * 100:.0f} % test accuracy "
+          f"(evaluated every {args.eval_samples} samples, at most {args.epochs} epochs); "
+          f"medians of {args.repeats} runs that reached it\n")
+    print("| way | reached | steps | samples | train s to target (spread) | wall s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    medians = {}
+    for way in ways:
+        reached = [r for r in runs[way] if r.get("target_reached") or
+                   (r.get("target") or {}).get("reached")]
+        seconds = [r["seconds_to_target"] for r in reached]
+        medians[way] = median(seconds)
+        name = f"fixed batch {way}" if way != "adapt" else f"--adapt from {args.start}"
+        s = spread(seconds)
+        cell = "-" if not seconds else f"{medians[way]:.2f}" + (f" (±{s * 50:.0f} %)" if s else "")
+        print(f"| {name} | {len(reached)} of {len(runs[way])} | "
+              f"{median([r['steps_to_target'] for r in reached]) or '-'} | "
+              f"{median([r['samples_to_target'] for r in reached]) or '-'} | {cell} | "
+              f"{median([r['wall_s'] for r in runs[way]]):.1f} |")
+    fixed = {w: m for w, m in medians.items() if w != "adapt" and m is not None}
+    if fixed and medians["adapt"] is not None:
+        best = min(fixed, key=fixed.get)
+        print(f"\n--adapt / best fixed (batch {best}): "
+              f"{medians['adapt'] / fixed[best]:.2f}x the training time to the target")
+    adapt_runs = sorted((r for r in runs["adapt"] if r.get("seconds_to_target") is not None),
+                        key=lambda r: r["seconds_to_target"])
+    if adapt_runs:
+        middle = adapt_runs[len(adapt_runs) // 2]
+        print("\nschedule of the median --adapt run (step: global batch, lr, noise scale):")
+        for c in middle.get("batch_schedule", []):
+            noise = f"{c['noise_scale']:.0f}" if c.get("noise_scale") is not None else "-"
+            print(f"- {c['step']}: {c['global_batch_size']}, lr {c['lr']:.3g}, noise {noise}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({str(w): r for w, r in runs.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
