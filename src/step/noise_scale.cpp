@@ -58,7 +58,7 @@ std::optional<NoiseInterval> NoiseScaleEstimator::interval() const {
   for (double v : leave_one_out) sq += (v - mean) * (v - mean);
   const double se = std::sqrt(static_cast<double>(n - 1) / static_cast<double>(n) * sq);
   const double estimate = sum_t / sum_g;
-  return NoiseInterval{std::max(0.0, estimate - 2 * se), std::max(0.0, estimate + 2 * se)};
+  return NoiseInterval{std::max(0.0, estimate - se), std::max(0.0, estimate + se)};
 }
 
 nlohmann::json NoiseScaleEstimator::state() const {

@@ -35,8 +35,11 @@ constexpr int64_t kNoiseScaleMinSplitBatch = 4;
 /// Raw measurements the estimator keeps for the spread of its estimate.
 constexpr size_t kNoiseScaleWindow = 32;
 
-/// A range the noise scale lies in: ±2 jackknife standard errors of the
-/// ratio of the last `kNoiseScaleWindow` measurements' means, clamped at 0.
+/// A range the noise scale likely lies in: ±1 jackknife standard error of
+/// the ratio of the last `kNoiseScaleWindow` measurements' means, clamped at
+/// 0. One, not two: single measurements are so noisy that ±2 reaches 0 for
+/// most of a run (lenet, 30 measurements: 97, ±2 SE [0, 203]), and a
+/// decision at 0 never changes the batch.
 struct NoiseInterval {
   double low = 0;
   double high = 0;
