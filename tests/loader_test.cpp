@@ -6,8 +6,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -15,6 +17,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/data/loader.h"
 #include "fake_clock.h"
+#include "hang_guard.h"
 #include "image_folder_fixture.h"
 
 namespace {
@@ -167,21 +170,83 @@ TEST(Loader, WorkerErrorReachesTheCallerAtThatBatchNamingTheFile) {
   }
 }
 
+/// Batches of one sample each; building any batch but the first waits at a
+/// gate the test opens, so that batches stay in flight as long as it likes.
+/// Counts the builds begun and those still running.
+class GatedDataset final : public batchtune::Dataset {
+ public:
+  int64_t size() const override { return 1000; }
+  Batch get_batch(const std::vector<int64_t>& indices) const override { return draw_batch(indices, 0); }
+  Batch draw_batch(const std::vector<int64_t>& indices, uint64_t) const override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++begun_;
+      ++running_;
+      changed_.notify_all();
+      if (indices.front() > 0) changed_.wait(lock, [&] { return open_; });
+    }
+    Batch b;
+    b.inputs = {at::full({1, 1}, static_cast<float>(indices.front()))};
+    b.target = at::zeros({1}, at::kLong);
+    std::lock_guard<std::mutex> lock(mutex_);
+    --running_;
+    changed_.notify_all();
+    return b;
+  }
+  std::vector<int64_t> sample_shape() const override { return {1}; }
+  int64_t classes() const override { return 2; }
+  std::string describe() const override { return "gated"; }
+
+  /// Waits until `count` builds have begun.
+  void wait_for_builds(int64_t count) const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return begun_ >= count; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  int64_t begun() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return begun_;
+  }
+  int64_t running() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return running_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  mutable int64_t begun_ = 0;
+  mutable int64_t running_ = 0;
+  bool open_ = false;
+};
+
 TEST(Loader, StopsCleanlyWithBatchesInFlightAndBoundsTheQueue) {
-  IndexDataset data(1000);
-  auto endless = [](int64_t n) -> std::optional<std::vector<int64_t>> {
+  // Not a measurement: only ends a loader that never stops.
+  batchtune::testing::HangGuard guard(120, "Loader.StopsCleanlyWithBatchesInFlightAndBoundsTheQueue");
+  GatedDataset data;
+  int64_t asked = 0;  // batches queued: the indices are asked for on this thread
+  auto endless = [&](int64_t n) -> std::optional<std::vector<int64_t>> {
+    ++asked;
     return std::vector<int64_t>{n % 1000};
   };
   {
     Loader loader(data, endless, LoaderOptions().workers(3).prefetch(2));
     ASSERT_TRUE(loader.next().has_value());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    // 3 workers x 2 ahead: at most 6 batches built beyond the one taken.
-    EXPECT_LE(data.calls.load(), 1 + 6);
-  }  // joins with work queued: must not hang or crash
-  const int64_t calls = data.calls.load();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(data.calls.load(), calls);  // no thread left running
+    // 3 workers x 2 ahead: 6 batches queued beyond the one taken, no more.
+    EXPECT_EQ(asked, 1 + 6);
+    // Each worker holds a batch mid-build at the gate; three wait in the queue.
+    data.wait_for_builds(1 + 3);
+    EXPECT_EQ(data.begun(), 1 + 3) << "more builds than workers";
+    EXPECT_EQ(data.running(), 3);
+    data.open();
+  }  // joins with batches being built and queued: must not hang or crash
+  EXPECT_EQ(data.running(), 0) << "a worker still building after the loader is gone";
+  EXPECT_LE(data.begun(), 1 + 6) << "built a batch that was never queued";
+  EXPECT_EQ(asked, 1 + 6) << "the loader asked for batches while stopping";
 }
 
 /// `inner`, where reading a batch takes 0.5 s of `clock`.

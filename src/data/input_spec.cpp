@@ -2,23 +2,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cctype>
-#include <fstream>
-#include <sstream>
-#include <type_traits>
 
 #include "batchtune/common/error.h"
-#include "batchtune/common/file_roles.h"
-#include "common/json_depth.h"
 #include "batchtune/common/shape.h"
+#include "data/input_spec_parsing.h"
 
 namespace batchtune {
 namespace {
-
-using nlohmann::json;
 
 struct DtypeName {
   const char* name;
@@ -33,84 +25,6 @@ constexpr DtypeName kDtypeNames[] = {
     {"fp16", c10::kHalf},
 };
 
-// More classes than this is a typo (the largest vocabularies are ~256k).
-constexpr int64_t kMaxClasses = int64_t{1} << 31;
-
-std::string input_name(size_t index) {
-  return index == 0 ? "input" : fmt::format("input{}", index);
-}
-
-/// The field `key` of `object` as `T`, or a one-line error naming `where`.
-template <typename T>
-T field(const json& object, const char* key, const std::string& where, const char* expected) {
-  const json& value = object.at(key);
-  const auto wrong_type = [&] {
-    // `where` is "FILE: inputs[0]" for a nested field, "FILE" for a top-level one.
-    const char* join = where.find(": ") == std::string::npos ? ": " : ".";
-    return Error(fmt::format("{}{}{}: expected {}, got {}", where, join, key, expected,
-                             value.dump()));
-  };
-  if constexpr (std::is_same_v<T, int64_t>) {
-    // get<int64_t>() would truncate 10.5 to 10 and wrap 2^64-1 to -1.
-    if (!value.is_number_integer() ||
-        (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
-      throw wrong_type();
-    }
-  }
-  try {
-    return value.get<T>();
-  } catch (const json::exception&) {
-    throw wrong_type();
-  }
-}
-
-void check_keys(const json& object, const std::string& where,
-                std::initializer_list<const char*> known) {
-  if (!object.is_object()) {
-    throw Error(fmt::format("{}: expected an object, got {}", where, object.dump()));
-  }
-  for (const auto& item : object.items()) {
-    const std::string& key = item.key();
-    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) ==
-        known.end()) {
-      throw Error(fmt::format("{}: unknown field '{}'; known fields are {}", where, key,
-                              fmt::join(known, ", ")));
-    }
-  }
-}
-
-/// A length range `MIN..MAX` (`text`, as written in `input`), checked; errors
-/// name `what` and say how to write one.
-LengthRange parse_length_range(const std::string& text, const std::string& input,
-                               const std::string& what) {
-  const size_t dots = text.find("..");
-  const std::string low = text.substr(0, dots);
-  const std::string high = text.substr(dots + 2);
-  const auto number = [&](const std::string& part) -> int64_t {
-    const bool digits = !part.empty() && part.size() <= 12 &&
-                        std::all_of(part.begin(), part.end(),
-                                    [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-    if (!digits) {
-      throw Error(fmt::format("{}: cannot read the length range '{}' in '{}'; write MIN..MAX, like "
-                              "int64:16..512",
-                              what, text, input));
-    }
-    return std::stoll(part);
-  };
-  LengthRange range{number(low), number(high)};
-  if (range.min < 1) {
-    throw Error(fmt::format("{}: the length range {} in '{}' starts below 1; the shortest "
-                            "sequence needs at least 1, like int64:16..512",
-                            what, text, input));
-  }
-  if (range.min > range.max) {
-    throw Error(fmt::format("{}: the length range {} in '{}' runs backwards; write the shortest "
-                            "length first, like int64:{}..{}",
-                            what, text, input, range.max, range.min));
-  }
-  return range;
-}
-
 std::string format_dims(const InputTensorSpec& input) {
   std::string text = fmt::format("{}", fmt::join(input.shape, "x"));
   if (input.min_length > 0 && !input.shape.empty()) {
@@ -119,39 +33,10 @@ std::string format_dims(const InputTensorSpec& input) {
   return text;
 }
 
-/// The `shape` of a JSON object; with `min_length`, its first dimension may
-/// be a length range ("16..512"), whose shortest length goes there.
-std::vector<int64_t> json_shape(const json& object, const std::string& where,
-                                int64_t* min_length = nullptr) {
-  if (!object.contains("shape")) throw Error(fmt::format("{}.shape: missing", where));
-  const json& shape = object.at("shape");
-  if (!shape.is_array()) {
-    throw Error(
-        fmt::format("{}.shape: expected a list of dimensions like [3, 224, 224], got {}", where,
-                    shape.dump()));
-  }
-  std::vector<int64_t> dims;
-  for (const json& dim : shape) {
-    if (dim.is_string() && dims.empty() && min_length != nullptr) {
-      // A length range, as on the command line: "shape": ["16..512"].
-      const std::string text = dim.get<std::string>();
-      if (text.find("..") == std::string::npos) {
-        throw Error(fmt::format("{}.shape: a string dimension is a length range MIN..MAX, like "
-                                "[\"16..512\"]; got {}",
-                                where, shape.dump()));
-      }
-      const LengthRange range = parse_length_range(text, shape.dump(), where + ".shape");
-      if (range.min < range.max) *min_length = range.min;
-      dims.push_back(range.max);
-      continue;
-    }
-    if (!dim.is_number_integer() || dim.get<int64_t>() < 1) {
-      throw Error(fmt::format("{}.shape: dimensions must be positive integers, got {}", where,
-                              shape.dump()));
-    }
-    dims.push_back(dim.get<int64_t>());
-  }
-  return dims;
+}  // namespace
+
+std::string input_name(size_t index) {
+  return index == 0 ? "input" : fmt::format("input{}", index);
 }
 
 TargetKind parse_target_kind(const std::string& text, const std::string& what) {
@@ -173,8 +58,6 @@ LossKind default_loss(TargetKind kind) {
       return LossKind::kCrossEntropy;
   }
 }
-
-}  // namespace
 
 InputSpec classification_spec(const std::vector<int64_t>& shape, int64_t classes) {
   InputSpec spec;
@@ -241,46 +124,6 @@ std::string target_name(TargetKind kind) {
       return "none";
   }
   return "?";
-}
-
-InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
-                                   const std::string& what) {
-  InputTensorSpec input;
-  input.name = "input";
-  std::string shape = text;
-  const size_t colon = text.find(':');
-  if (colon != std::string::npos) {
-    input.dtype = parse_dtype(text.substr(0, colon), what);
-    shape = text.substr(colon + 1);
-  }
-  // A length range is the first dimension only: `16..512` or `16..512x80`.
-  const size_t cross = shape.find_first_of("xX");
-  const std::string first = shape.substr(0, cross);
-  if (shape.find("..") != std::string::npos && first.find("..") == std::string::npos) {
-    throw Error(fmt::format("{}: only the first dimension (the sequence) can be a length range, "
-                            "like int64:16..512 or 16..512x80; got '{}'",
-                            what, text));
-  }
-  if (first.find("..") != std::string::npos) {
-    const LengthRange range = parse_length_range(first, text, what);
-    const std::string rest = cross == std::string::npos ? "" : shape.substr(cross);
-    input.shape = parse_shape(std::to_string(range.max) + rest, what);
-    if (range.min < range.max) input.min_length = range.min;
-  } else {
-    input.shape = parse_shape(shape, what);
-  }
-  if (input.dtype == c10::kLong) {
-    if (vocab > kMaxClasses) {
-      throw Error(fmt::format("--vocab: must be at most {}, got {}", kMaxClasses, vocab));
-    }
-    if (vocab < 1) {
-      throw Error(fmt::format("--vocab: token ids ({} {}) need a vocabulary size, like --vocab "
-                              "32000",
-                              what, text));
-    }
-    input.vocab = vocab;
-  }
-  return input;
 }
 
 void validate(InputSpec& spec, const std::string& what) {
@@ -389,144 +232,6 @@ void validate(InputSpec& spec, const std::string& what) {
                               fmt::join(target.shape, "x")));
     }
   }
-}
-
-InputSpec parse_input_flags(const InputFlags& flags) {
-  if (flags.inputs().empty()) throw Error("--input: give at least one input, like 3x224x224");
-  if (flags.vocab() < 0) throw Error(fmt::format("--vocab: must be positive, got {}", flags.vocab()));
-  if (flags.classes() < 0 || flags.classes() == 1) {
-    throw Error(fmt::format("--classes: need at least 2 classes, got {}", flags.classes()));
-  }
-  InputSpec spec;
-  for (size_t i = 0; i < flags.inputs().size(); ++i) {
-    InputTensorSpec input = parse_input_tensor(flags.inputs()[i], flags.vocab(), "--input");
-    input.name = input_name(i);
-    spec.inputs.push_back(std::move(input));
-  }
-  const bool any_tokens =
-      std::any_of(spec.inputs.begin(), spec.inputs.end(),
-                  [](const InputTensorSpec& input) { return input.dtype == c10::kLong; });
-  if (flags.vocab() > 0 && !any_tokens) {
-    throw Error(fmt::format("--vocab: only token-id inputs take a vocabulary, like --input "
-                            "int64:128 --vocab {}",
-                            flags.vocab()));
-  }
-  const std::string& target = flags.target();
-  if (target == "auto") {
-    const bool language_model = spec.inputs.front().dtype == c10::kLong &&
-                                (flags.classes() == 0 || flags.classes() == flags.vocab());
-    spec.target.kind = language_model ? TargetKind::kToken : TargetKind::kClass;
-  } else if (target.rfind("float:", 0) == 0) {
-    spec.target.kind = TargetKind::kRegression;
-    spec.target.shape = parse_shape(target.substr(6), "--target");
-  } else if (target == "float") {
-    throw Error("--target: a float target needs its per-sample shape, like float:1");
-  } else {
-    spec.target.kind = parse_target_kind(target, "--target");
-  }
-  spec.target.classes = flags.classes() > 0                          ? flags.classes()
-                        : spec.target.kind == TargetKind::kToken ? flags.vocab()
-                                                                 : kDefaultClasses;
-  if (spec.target.kind == TargetKind::kToken && spec.target.classes < 2) {
-    throw Error("--classes: per-token targets need a class count (--classes, or --vocab for "
-                "token input)");
-  }
-  if (spec.target.kind == TargetKind::kRegression || spec.target.kind == TargetKind::kNone) {
-    if (flags.classes() > 0) {
-      throw Error(fmt::format("--classes: {} targets take no classes", target_name(spec.target.kind)));
-    }
-    spec.target.classes = 0;
-  }
-  spec.loss = flags.loss().empty() ? default_loss(spec.target.kind) : parse_loss(flags.loss());
-  validate(spec, "--input");
-  return spec;
-}
-
-InputSpec parse_input_spec_json(const std::string& text, const std::string& what) {
-  check_json_depth(text, what);
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {  // syntax, and numbers out of range
-    std::string message = e.what();
-    throw Error(fmt::format("{}: not valid JSON ({})", what, message.substr(message.find(' ') + 1)));
-  }
-  check_keys(root, what, {"inputs", "target", "loss"});
-  if (!root.contains("inputs") || !root["inputs"].is_array() || root["inputs"].empty()) {
-    throw Error(fmt::format("{}: inputs: expected a list of at least one input, like "
-                            "[{{\"shape\": [3, 224, 224], \"dtype\": \"float32\"}}]",
-                            what));
-  }
-  InputSpec spec;
-  for (size_t i = 0; i < root["inputs"].size(); ++i) {
-    const json& object = root["inputs"][i];
-    const std::string where = fmt::format("{}: inputs[{}]", what, i);
-    check_keys(object, where, {"name", "shape", "dtype", "vocab"});
-    InputTensorSpec input;
-    input.name = object.contains("name") ? field<std::string>(object, "name", where, "a string")
-                                         : input_name(i);
-    input.shape = json_shape(object, where, &input.min_length);
-    if (object.contains("dtype")) {
-      input.dtype = parse_dtype(field<std::string>(object, "dtype", where, "a string"),
-                                where + ".dtype");
-    }
-    if (object.contains("vocab")) {
-      input.vocab = field<int64_t>(object, "vocab", where, "an integer");
-      if (input.vocab < 1 || input.vocab > kMaxClasses) {
-        throw Error(fmt::format("{}.vocab: must be from 1 to {}, got {}", where, kMaxClasses,
-                                input.vocab));
-      }
-    }
-    if (input.dtype == c10::kLong && input.vocab == 0) {
-      throw Error(fmt::format("{}.vocab: int64 inputs are token ids and need a vocabulary size",
-                              where));
-    }
-    spec.inputs.push_back(std::move(input));
-  }
-  if (root.contains("target")) {
-    const json& object = root["target"];
-    const std::string where = fmt::format("{}: target", what);
-    if (object.is_string()) {
-      spec.target.kind = parse_target_kind(object.get<std::string>(), where);
-    } else {
-      check_keys(object, where, {"kind", "classes", "shape"});
-      if (!object.contains("kind")) {
-        throw Error(fmt::format("{}.kind: missing; use class, token, float or none", where));
-      }
-      spec.target.kind = parse_target_kind(field<std::string>(object, "kind", where, "a string"),
-                                           where + ".kind");
-      if (object.contains("classes")) {
-        spec.target.classes = field<int64_t>(object, "classes", where, "an integer");
-      } else if (spec.target.kind == TargetKind::kClass ||
-                 spec.target.kind == TargetKind::kToken) {
-        const auto vocab = std::find_if(spec.inputs.begin(), spec.inputs.end(),
-                                        [](const InputTensorSpec& in) { return in.vocab > 0; });
-        if (spec.target.kind == TargetKind::kClass || vocab == spec.inputs.end()) {
-          throw Error(fmt::format("{}.classes: missing; give the number of classes", where));
-        }
-        spec.target.classes = vocab->vocab;  // a language model predicts its own tokens
-      }
-      if (object.contains("shape")) spec.target.shape = json_shape(object, where);
-    }
-  } else {
-    throw Error(fmt::format("{}: target: missing; like {{\"kind\": \"class\", \"classes\": 10}}",
-                            what));
-  }
-  spec.loss = root.contains("loss")
-                  ? parse_loss(field<std::string>(root, "loss", what, "a string"),
-                               what + ": loss")
-                  : default_loss(spec.target.kind);
-  validate(spec, what);
-  return spec;
-}
-
-InputSpec load_input_spec(const std::string& path) {
-  check_input_file(path, "--input-spec");
-  std::ifstream file(path);
-  if (!file) throw Error(fmt::format("--input-spec: cannot read '{}'", path));
-  std::ostringstream text;
-  text << file.rdbuf();
-  return parse_input_spec_json(text.str(), fmt::format("--input-spec {}", path));
 }
 
 std::string describe(const InputSpec& spec) {

@@ -109,8 +109,6 @@ void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& resu
 void ConsoleTuneReporter::finished(const TuneResult& result) {
   clear_progress();
   if (!result.complete) {
-    size_t trials = result.search.trials.size();
-    for (const auto& row : result.sweep) trials += row.steps > 0 ? 1 : 0;
     fmt::print(out_, "\ninterrupted by {}: writing what was measured so far ({} search trial(s), "
                "{} sweep row(s)), marked incomplete\n",
                result.interrupted_by, result.search.trials.size(), result.sweep.size());

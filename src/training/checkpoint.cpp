@@ -4,15 +4,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/export.h>
-#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <unistd.h>
@@ -28,6 +23,7 @@
 #include "batchtune/common/file_roles.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
+#include "training/checkpoint_json.h"
 
 namespace batchtune {
 namespace {
@@ -45,16 +41,6 @@ constexpr double kLrTolerance = 1e-9;
 const std::array<const char*, 3> kCheckpointFiles = {kCheckpointFile, kModelStateFile,
                                                      kModelScriptFile};
 
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> table{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) != 0 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    table[i] = c;
-  }
-  return table;
-}
-
 uint32_t crc_of(const at::Tensor& tensor) {
   const at::Tensor t = tensor.contiguous();
   return crc32_of(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
@@ -66,119 +52,6 @@ at::Tensor bytes_tensor(const std::string& bytes) {
   return t;
 }
 
-nlohmann::json to_json(const RunIdentity& r) {
-  return {{"model", r.model},         {"input", r.input},
-          {"optimizer", r.optimizer}, {"amp", r.amp},
-          {"world_size", r.world_size}, {"global_batch_size", r.global_batch_size},
-          {"train_size", r.train_size}, {"seed", r.seed},
-          {"lr", r.lr},               {"warmup_steps", r.warmup_steps}};
-}
-
-RunIdentity identity_from_json(const nlohmann::json& j) {
-  RunIdentity r;
-  r.model = j.at("model").get<std::string>();
-  r.input = j.at("input").get<std::string>();
-  r.optimizer = j.at("optimizer").get<std::string>();
-  r.amp = j.at("amp").get<std::string>();
-  r.world_size = j.at("world_size").get<int64_t>();
-  r.global_batch_size = j.at("global_batch_size").get<int64_t>();
-  r.train_size = j.at("train_size").get<int64_t>();
-  r.seed = j.at("seed").get<uint64_t>();
-  r.lr = j.at("lr").get<double>();
-  r.warmup_steps = j.at("warmup_steps").get<int64_t>();
-  return r;
-}
-
-nlohmann::json optional_json(const std::optional<double>& v) {
-  return v ? nlohmann::json(*v) : nlohmann::json();
-}
-
-std::optional<double> optional_double(const nlohmann::json& j) {
-  if (j.is_null()) return std::nullopt;
-  return j.get<double>();
-}
-
-nlohmann::json optional_json(const std::optional<int64_t>& v) {
-  return v ? nlohmann::json(*v) : nlohmann::json();
-}
-
-std::optional<int64_t> optional_int(const nlohmann::json& j) {
-  if (j.is_null()) return std::nullopt;
-  return j.get<int64_t>();
-}
-
-nlohmann::json target_json(const std::optional<TrainTarget>& t) {
-  if (!t) return nlohmann::json();
-  return {{"metric", t->metric}, {"value", t->value}};
-}
-
-// The whole summary, so that a finished run's is re-emitted as it was.
-nlohmann::json to_json_full(const TrainSummary& s) {
-  nlohmann::json schedule = nlohmann::json::array();
-  for (const auto& change : s.batch_schedule) schedule.push_back(to_json(change));
-  return {{"steps", s.steps},
-          {"batch_schedule", schedule},
-          {"samples", s.samples},
-          {"epochs", s.epochs},
-          {"final_loss", s.final_loss},
-          {"test_accuracy", optional_json(s.test_accuracy)},
-          {"oom_recoveries", s.oom_recoveries},
-          {"micro_batch_size", s.micro_batch_size},
-          {"accumulation_steps", s.accumulation_steps},
-          {"global_batch_size", s.global_batch_size},
-          {"world_size", s.world_size},
-          {"skipped_steps", s.skipped_steps},
-          {"seconds", s.seconds},
-          {"samples_per_s", s.samples_per_s},
-          {"data_wait_fraction", s.data_wait_fraction},
-          {"resumed_from_step", s.resumed_from_step},
-          {"complete", s.complete},
-          {"interrupted_by", s.interrupted_by},
-          {"noise_scale", optional_json(s.noise_scale)},
-          {"target", target_json(s.target)},
-          {"target_reached", s.target_reached},
-          {"steps_to_target", optional_json(s.steps_to_target)},
-          {"seconds_to_target", optional_json(s.seconds_to_target)},
-          {"samples_to_target", optional_json(s.samples_to_target)}};
-}
-
-TrainSummary summary_from_json(const nlohmann::json& j) {
-  TrainSummary s;
-  s.steps = j.at("steps").get<int64_t>();
-  s.samples = j.at("samples").get<int64_t>();
-  s.epochs = j.at("epochs").get<double>();
-  s.final_loss = j.at("final_loss").get<double>();
-  s.test_accuracy = optional_double(j.at("test_accuracy"));
-  s.oom_recoveries = j.at("oom_recoveries").get<int64_t>();
-  s.micro_batch_size = j.at("micro_batch_size").get<int64_t>();
-  s.accumulation_steps = j.at("accumulation_steps").get<int64_t>();
-  s.global_batch_size = j.at("global_batch_size").get<int64_t>();
-  s.world_size = j.at("world_size").get<int64_t>();
-  s.skipped_steps = j.at("skipped_steps").get<int64_t>();
-  s.seconds = j.at("seconds").get<double>();
-  s.samples_per_s = j.at("samples_per_s").get<double>();
-  s.data_wait_fraction = j.at("data_wait_fraction").get<double>();
-  s.resumed_from_step = j.at("resumed_from_step").get<int64_t>();
-  s.complete = j.at("complete").get<bool>();
-  s.interrupted_by = j.at("interrupted_by").get<std::string>();
-  s.noise_scale = optional_double(j.at("noise_scale"));
-  // Checkpoints written before targets existed have none of these.
-  if (j.contains("target") && !j.at("target").is_null()) {
-    s.target = TrainTarget{j.at("target").at("metric").get<std::string>(),
-                           j.at("target").at("value").get<double>()};
-    s.target_reached = j.at("target_reached").get<bool>();
-    s.steps_to_target = optional_int(j.at("steps_to_target"));
-    s.seconds_to_target = optional_double(j.at("seconds_to_target"));
-    s.samples_to_target = optional_int(j.at("samples_to_target"));
-  }
-  if (j.contains("batch_schedule")) {
-    for (const auto& entry : j.at("batch_schedule")) {
-      s.batch_schedule.push_back(batch_change_from_json(entry));
-    }
-  }
-  return s;
-}
-
 std::vector<std::string> names_of(const std::vector<std::pair<std::string, at::Tensor>>& named) {
   std::vector<std::string> names;
   names.reserve(named.size());
@@ -186,40 +59,7 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, at::T
   return names;
 }
 
-/// A state dict in the format of `torch.save`: `{name: tensor}` on the CPU.
-/// As `torch::pickle_save`, but with no TorchScript type tags on the dict,
-/// so that `torch.load(..., weights_only=True)` (the default) accepts it.
-std::string state_dict_bytes(Model& model) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, p] : model.named_parameters()) dict.insert(name, p.detach().cpu());
-  for (const auto& [name, b] : model.named_buffers()) dict.insert(name, b.detach().cpu());
-  std::string pickled;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickled.append(data, size); },
-                              nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
-  pickler.stop();
-  std::string archive;
-  {
-    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-      archive.append(static_cast<const char*>(data), size);
-      return size;
-    });
-    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
-                                       pickler.tensorData(), writer);
-  }  // the writer finishes the zip when it goes
-  return archive;
-}
-
 }  // namespace
-
-uint32_t crc32_of(const void* data, size_t size, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
-}
 
 void check_same_run(const RunIdentity& saved, const RunIdentity& expected,
                     const std::string& path) {
@@ -349,39 +189,6 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
   // which a resume rewrites).
   write_model_exports(dir, target.model);
   write_file_atomically(dir + "/" + kCheckpointFile, bytes.str());
-}
-
-CheckpointLock::CheckpointLock(const std::string& dir) {
-  const std::string path = dir + "/checkpoint.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw Error(fmt::format("--checkpoint {}: cannot open {} ({}); check the folder is writable",
-                            dir, path, std::strerror(errno)));
-  }
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (error == EWOULDBLOCK) {
-      throw Error(fmt::format("--checkpoint {}: another run is writing checkpoints there; wait "
-                              "for it to end, or give another folder",
-                              dir));
-    }
-    throw Error(fmt::format("--checkpoint {}: cannot lock {} ({})", dir, path,
-                            std::strerror(error)));
-  }
-}
-
-CheckpointLock::~CheckpointLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-}
-
-void write_model_exports(const std::string& dir, Model& model) {
-  // What users load: the weights by name, and a TorchScript model as one.
-  write_file_atomically(dir + "/" + kModelStateFile, state_dict_bytes(model));
-  if (auto script = model.torchscript_bytes()) {
-    write_file_atomically(dir + "/" + kModelScriptFile, *script);
-  }
 }
 
 namespace {

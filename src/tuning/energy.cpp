@@ -83,7 +83,8 @@ Selection select_energy(const std::vector<SweepRow>& rows, double eta,
                           least_energy->batch_size, least_energy->joules_per_sample,
                           least_energy->seconds_per_sample / best->seconds_per_sample);
   }
-  return {best->batch_size, reason};
+  // The confidence is the caller's to set (rows_confidence); energy names no contenders.
+  return {best->batch_size, reason, std::nullopt, {}};
 }
 
 std::string energy_unavailable_note(const std::string& sampler_reason) {

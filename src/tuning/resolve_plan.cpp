@@ -38,7 +38,8 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
             ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
                           request.plan_file, file.micro_batch_size)
             : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
-    Plan plan = build_plan(request, {micro, micro_reason}, amp, workload, memory);
+    Plan plan = build_plan(request, {micro, micro_reason, {}, kDefaultThroughputTolerance}, amp,
+                           workload, memory);
     if (file.eval_micro_batch_size > 0 && amp.mode == file.amp) {
       // Measured at the file's precision: at another, evaluation runs at
       // the micro-batch.
@@ -60,7 +61,9 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const int64_t micro = *request.micro_batch_size;
     const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
                                      std::min(micro, kAmpProbeMaxBatch));
-    return build_plan(request, {micro, fmt::format("micro-batch {}: as asked with --batch-size", micro)},
+    return build_plan(request,
+                      {micro, fmt::format("micro-batch {}: as asked with --batch-size", micro), {},
+                       kDefaultThroughputTolerance},
                       amp, workload, memory);
   }
   // Neither: a quick tune finds the micro-batch at the precision it trains with.

@@ -76,8 +76,8 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, TuneSubjec
                       noise.noise_scale
                           ? choice.reason
                           : "goodput: noise scale unbounded (" + noise.note +
-                                "), so every batch is equally efficient; " + choice.reason};
-  result.selection.confidence = rows_confidence(result.sweep);
+                                "), so every batch is equally efficient; " + choice.reason,
+                      rows_confidence(result.sweep), /*contenders=*/{}};
   return choice.chosen.global_batch_size;
 }
 

@@ -46,5 +46,7 @@ Clock& steady_clock();
 /// The clock an options struct names, null for `steady_clock()`; an alias
 /// so that `TORCH_ARG(ClockPointer, clock) = nullptr;` declares it.
 using ClockPointer = Clock*;
+/// A clock that is only read, as `TORCH_ARG` takes it: one type name.
+using ConstClockPointer = const Clock*;
 
 }  // namespace batchtune

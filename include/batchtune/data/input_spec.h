@@ -1,7 +1,6 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
-#include <torch/arg.h>
 
 #include <cstdint>
 #include <optional>
@@ -86,19 +85,6 @@ InputSpec classification_spec(const std::vector<int64_t>& shape, int64_t classes
 /// language model.
 InputSpec token_spec(int64_t length, int64_t vocab);
 
-/// Parses one `--input` value: a shape with an optional dtype prefix,
-/// `3x224x224`, `float16:3x224x224`, `bfloat16:...`, `int64:128` (token ids;
-/// they need `vocab` > 0). The first dimension may be a length range
-/// `MIN..MAX`: `int64:16..512`, `16..512x80`. Throws `batchtune::Error`
-/// naming `what`.
-///
-/// Example:
-/// ```
-///   auto tokens = batchtune::parse_input_tensor("int64:128", 32000, "--input");
-/// ```
-InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
-                                   const std::string& what = "--input");
-
 /// Parses `float32`, `float16`, `bfloat16`, `int64` (and the aliases
 /// `float`, `half`, `bf16`, `long`); throws `batchtune::Error` naming `what`.
 c10::ScalarType parse_dtype(const std::string& text, const std::string& what);
@@ -109,52 +95,6 @@ std::string dtype_name(c10::ScalarType dtype);
 LossKind parse_loss(const std::string& text, const std::string& what = "--loss");
 std::string loss_name(LossKind loss);
 std::string target_name(TargetKind kind);
-
-/// The command-line form of a spec: `--input` (repeat it for more inputs),
-/// `--vocab`, `--classes`, `--target`, `--loss`.
-///
-/// `target` is `class`, `token`, `float:SHAPE` (a regression target of that
-/// per-sample shape), `none`, or `auto`: per-token targets when the first
-/// input is token ids and `classes` is left out (0) or equals `vocab` (a
-/// language model), else class targets. `classes` left out is the vocabulary
-/// for token targets and 10 for class targets. `loss` left empty is `ce` for
-/// class and token targets, `mse` for float targets, `model` for none.
-///
-/// Example:
-/// ```
-///   auto spec = batchtune::parse_input_flags(
-///       batchtune::InputFlags().inputs({"int64:128"}).vocab(32000).classes(32000));
-///   // one int64 input of 128 tokens, per-token targets of 32000 classes, ce
-/// ```
-struct InputFlags {
-  TORCH_ARG(std::vector<std::string>, inputs) = std::vector<std::string>{"3x64x64"};
-  TORCH_ARG(int64_t, vocab) = 0;
-  TORCH_ARG(int64_t, classes) = 0;
-  TORCH_ARG(std::string, target) = "auto";
-  TORCH_ARG(std::string, loss) = "";
-};
-
-/// Classes of class targets when `--classes` is left out.
-constexpr int64_t kDefaultClasses = 10;
-
-/// The spec the flags say, validated; throws `batchtune::Error` naming the flag.
-InputSpec parse_input_flags(const InputFlags& flags);
-
-/// Parses a spec written as JSON; `what` names the file in errors.
-///
-/// ```json
-///   {"inputs": [{"name": "tokens", "shape": [128], "dtype": "int64", "vocab": 32000},
-///               {"name": "mask", "shape": [128], "dtype": "float32"}],
-///    "target": {"kind": "token", "classes": 32000},
-///    "loss": "ce"}
-/// ```
-/// `target.kind` is `class`, `token`, `float` (with `shape`) or `none`;
-/// `loss` defaults to `ce` for class and token targets, `mse` for float
-/// targets, `model` for none. Every error names the file and the field.
-InputSpec parse_input_spec_json(const std::string& text, const std::string& what);
-
-/// Reads and parses a JSON spec file; throws `batchtune::Error` naming it.
-InputSpec load_input_spec(const std::string& path);
 
 /// Checks that the spec is complete and consistent (at least one input,
 /// positive dimensions, a vocabulary for token ids, targets that suit the
@@ -195,3 +135,8 @@ int64_t sequence_length(const InputSpec& spec);
 InputSpec at_length(const InputSpec& spec, int64_t length);
 
 }  // namespace batchtune
+
+// The two written forms of a spec, the flags and a JSON file, so that
+// including this header gives the whole of it.
+#include "batchtune/data/input_flags.h"
+#include "batchtune/data/input_spec_json.h"

@@ -19,9 +19,6 @@
 
 namespace batchtune {
 
-/// A clock that is only read, as `TORCH_ARG` takes it: one type name.
-using ConstClockPointer = const Clock*;
-
 /// How a `Loader` builds batches.
 struct LoaderOptions {
   /// Threads building batches; 0 builds each batch on the calling thread

@@ -7,19 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/common/crc32.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/loss_scaler.h"
+#include "batchtune/training/checkpoint_lock.h"
+#include "batchtune/training/model_exports.h"
 #include "batchtune/training/trainer.h"
 
 namespace batchtune {
 
 class Model;
-
-/// Files a checkpoint directory holds besides `kCheckpointFile`: the trained
-/// weights as a state dict by parameter name (what `torch.load` reads), and
-/// for a TorchScript model the module itself with the trained weights.
-constexpr const char* kModelStateFile = "model.pt";
-constexpr const char* kModelScriptFile = "model.torchscript.pt";
 
 /// What a run is: a checkpoint records it, and a resume must match it field
 /// by field (`check_same_run`), so that another optimizer, precision, input
@@ -83,11 +80,6 @@ struct CheckpointTarget {
 void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
                       const CheckpointRecord& record);
 
-/// Writes `dir/model.pt` and, for a TorchScript model,
-/// `dir/model.torchscript.pt` from `model` (atomically), as
-/// `write_checkpoint` does before the checkpoint itself.
-void write_model_exports(const std::string& dir, Model& model);
-
 /// Reads `dir/checkpoint.pt` into `target` when there is one (nullopt when
 /// not): refuses a file whose bytes do not match their checksums, one that is
 /// not a batchtune checkpoint, and one written by a run that differs from
@@ -110,23 +102,5 @@ void check_same_run(const RunIdentity& saved, const RunIdentity& expected,
 /// Removes `dir`'s temporary files of checkpoint writes (`checkpoint.pt.tmp.PID`,
 /// `model.pt.tmp.PID`...) whose writer is no longer running. Returns how many.
 int remove_stale_checkpoint_files(const std::string& dir);
-
-/// Holds `dir/checkpoint.lock` (an advisory `flock`) while one run writes
-/// `dir`, so that a second run given the same folder stops at once instead
-/// of interleaving checkpoints; the kernel releases it when the process ends,
-/// however it ends. Throws `batchtune::Error` naming the folder.
-class CheckpointLock {
- public:
-  explicit CheckpointLock(const std::string& dir);
-  ~CheckpointLock();
-  CheckpointLock(const CheckpointLock&) = delete;
-  CheckpointLock& operator=(const CheckpointLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-/// CRC-32 (the zlib / PNG polynomial) of `size` bytes.
-uint32_t crc32_of(const void* data, size_t size, uint32_t crc = 0);
 
 }  // namespace batchtune

@@ -1,0 +1,40 @@
+#include "batchtune/training/checkpoint_lock.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "batchtune/common/error.h"
+
+namespace batchtune {
+
+CheckpointLock::CheckpointLock(const std::string& dir) {
+  const std::string path = dir + "/checkpoint.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw Error(fmt::format("--checkpoint {}: cannot open {} ({}); check the folder is writable",
+                            dir, path, std::strerror(errno)));
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (error == EWOULDBLOCK) {
+      throw Error(fmt::format("--checkpoint {}: another run is writing checkpoints there; wait "
+                              "for it to end, or give another folder",
+                              dir));
+    }
+    throw Error(fmt::format("--checkpoint {}: cannot lock {} ({})", dir, path,
+                            std::strerror(error)));
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
+}  // namespace batchtune
