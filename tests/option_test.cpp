@@ -1,6 +1,10 @@
 #include "batchtune/common/option.h"
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+
+#include <set>
+#include <string>
 
 namespace batchtune {
 namespace {
@@ -27,6 +31,42 @@ TEST(OptionError, NamesDifferWhereTheFrontEndsDo) {
 TEST(OptionError, TextWithoutMentionsIsKept) {
   EXPECT_EQ(name_options("as it is, 0.5 s", FrontEnd::kPython), "as it is, 0.5 s");
   EXPECT_EQ(name_options("", FrontEnd::kCli), "");
+}
+
+TEST(Option, EveryOptionHasADistinctNameInEachFrontEnd) {
+  std::set<std::string> cli;
+  std::set<std::string> python;
+  for (int i = 0; i < kOptionCount; ++i) {
+    const auto option = static_cast<Option>(i);
+    const std::string flag = option_name(option, FrontEnd::kCli);
+    const std::string argument = option_name(option, FrontEnd::kPython);
+    EXPECT_EQ(flag.rfind("--", 0), 0u) << i << ": " << flag;
+    EXPECT_GT(flag.size(), 2u) << i;
+    EXPECT_FALSE(argument.empty()) << i;
+    EXPECT_EQ(argument.find('-'), std::string::npos) << i << ": " << argument;
+    EXPECT_TRUE(cli.insert(flag).second) << "two options are " << flag;
+    EXPECT_TRUE(python.insert(argument).second) << "two options are " << argument;
+    EXPECT_EQ(find_option(flag, FrontEnd::kCli), option) << flag;
+    EXPECT_EQ(find_option(argument, FrontEnd::kPython), option) << argument;
+  }
+  EXPECT_EQ(find_option("--no-such-flag", FrontEnd::kCli), std::nullopt);
+  EXPECT_EQ(find_option("--warmup", FrontEnd::kPython), std::nullopt);
+}
+
+TEST(Option, AnOptionWithoutANameFailsLoudly) {
+  EXPECT_THROW(option_name(static_cast<Option>(kOptionCount), FrontEnd::kCli), c10::Error);
+}
+
+TEST(Option, ASourceSaysWhereAValueCameFrom) {
+  const OptionSources sources{{Option::kBaseLr, "the optimizer's lr"}};
+  EXPECT_EQ(option_source(Option::kBaseLr, FrontEnd::kPython, sources), "the optimizer's lr");
+  EXPECT_EQ(option_source(Option::kBaseBatch, FrontEnd::kPython, sources), "base_batch");
+  EXPECT_EQ(option_source(Option::kWarmup, FrontEnd::kCli, {}), "--warmup");
+  EXPECT_EQ(as_asked(Option::kAmp, FrontEnd::kPython, {}), "as asked with amp");
+  EXPECT_EQ(as_asked(Option::kAmp, FrontEnd::kCli, {}), "as asked with --amp");
+  EXPECT_EQ(as_asked(Option::kAmp, FrontEnd::kPython,
+                     {{Option::kAmp, "the Trainer's precision '32-true'"}}),
+            "the Trainer's precision '32-true'");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -196,6 +197,65 @@ TEST(Plan, BadOptionsNameTheFlag) {
             std::string::npos);
   EXPECT_NE(message(PlanOptions().micro_batch_size(4).lr_scaling("cubic")).find("--lr-scaling"),
             std::string::npos);
+}
+
+TEST(Plan, BadOptionsAreOptionErrors) {
+  try {
+    make_plan(PlanOptions().micro_batch_size(4).warmup_steps(kMaxPlanCount + 1));
+    FAIL() << "no error";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kWarmup);
+    EXPECT_EQ(e.message(FrontEnd::kPython).rfind("warmup_steps: must be at most", 0), 0u)
+        << e.message(FrontEnd::kPython);
+  }
+  try {
+    make_plan(PlanOptions().micro_batch_size(4).base_lr(900).base_batch(1).target_batch(4096)
+                  .lr_scaling("linear"));
+    FAIL() << "no error";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kBaseLr);
+    EXPECT_NE(e.message(FrontEnd::kPython).find("smaller base_lr or target_batch, or lr_scaling none"),
+              std::string::npos)
+        << e.message(FrontEnd::kPython);
+  }
+}
+
+TEST(Plan, ReasonsNameOptionsAsTheFrontEndDoes) {
+  const auto options = [](FrontEnd front_end) {
+    return PlanOptions().front_end(front_end).micro_batch_size(60).multiple_of(8).target_batch(512)
+        .base_lr(0.1);
+  };
+  const Plan cli = make_plan(options(FrontEnd::kCli));
+  const Plan python = make_plan(options(FrontEnd::kPython));
+  EXPECT_NE(cli.reason(PlanField::kGlobalBatch).find("--target-batch 512"), std::string::npos)
+      << cli.reason(PlanField::kGlobalBatch);
+  EXPECT_NE(python.reason(PlanField::kGlobalBatch).find("target_batch 512"), std::string::npos)
+      << python.reason(PlanField::kGlobalBatch);
+  EXPECT_NE(cli.reason(PlanField::kLr).find("give --base-batch"), std::string::npos)
+      << cli.reason(PlanField::kLr);
+  EXPECT_NE(python.reason(PlanField::kLr).find("(base_lr), not scaled"), std::string::npos)
+      << python.reason(PlanField::kLr);
+  EXPECT_NE(python.reason(PlanField::kLr).find("give base_batch"), std::string::npos)
+      << python.reason(PlanField::kLr);
+  for (const PlanReason& r : python.reasons) {
+    EXPECT_EQ(r.text.find("--"), std::string::npos) << r.text;
+  }
+}
+
+TEST(Plan, ReasonsSayWhereAValueCameFrom) {
+  const Plan plan = make_plan(PlanOptions()
+                                  .front_end(FrontEnd::kPython)
+                                  .sources({{Option::kBaseLr, "the optimizer's lr"},
+                                            {Option::kWarmup, "the plan p.json"}})
+                                  .micro_batch_size(32)
+                                  .target_batch(128)
+                                  .base_lr(0.1)
+                                  .base_batch(32)
+                                  .warmup_steps(7));
+  EXPECT_NE(plan.reason(PlanField::kLr).find("base lr 0.1 (the optimizer's lr) at batch 32"),
+            std::string::npos)
+      << plan.reason(PlanField::kLr);
+  EXPECT_EQ(plan.reason(PlanField::kWarmup), "warm-up 7 steps: from the plan p.json");
 }
 
 TEST(Plan, JsonRoundTripKeepsEveryField) {

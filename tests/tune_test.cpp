@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
@@ -409,6 +410,45 @@ TEST(Tune, WithoutASweepThePlanIsAtTheLargestThatFits) {
   EXPECT_EQ(r.selection.batch_size, r.search.max_batch_size);
   ASSERT_TRUE(r.plan.has_value());
   EXPECT_EQ(r.plan->micro_batch_size, r.search.max_batch_size);
+}
+
+TEST(Tune, ThePythonFrontEndsTextsNameItsArgumentsAndSayWhereValuesCameFrom) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
+  TimedSubject subject(clock, AmpMode::kOff, 5, 0.1);
+  TrialRunner runner(subject, *memory, 0.1);
+  PlanRequest request;
+  request.target_batch = 64;
+  request.world_size = 2;  // one process planning for a job of two
+  request.sources = {{Option::kBaseLr, "the optimizer's lr"}};
+  const TuneResult r = tune(runner, TuneOptions()
+                                        .time_budget_s(20)
+                                        .clock(&clock)
+                                        .amp(AmpMode::kOff)
+                                        .search(SearchOptions().max_batch(16))
+                                        .plan(request)
+                                        .front_end(FrontEnd::kPython));
+  ASSERT_TRUE(r.plan.has_value());
+  EXPECT_EQ(r.plan->world_size, 2);
+  EXPECT_EQ(r.plan->global_batch_size, 64);
+  EXPECT_EQ(r.search.stop_reason.rfind("reached max_batch 16", 0), 0u) << r.search.stop_reason;
+  EXPECT_NE(r.plan->reason(PlanField::kLr).find("(the optimizer's lr)"), std::string::npos)
+      << r.plan->reason(PlanField::kLr);
+  EXPECT_NE(r.plan->reason(PlanField::kGlobalBatch).find("target_batch 64"), std::string::npos)
+      << r.plan->reason(PlanField::kGlobalBatch);
+  ASSERT_FALSE(r.plan->warnings.empty());
+  EXPECT_NE(r.plan->warnings[0].find("give base_batch"), std::string::npos) << r.plan->warnings[0];
+  std::vector<std::string> texts{r.selection.reason, r.diagnosis.text, r.search.stop_reason};
+  for (const PlanReason& reason : r.plan->reasons) texts.push_back(reason.text);
+  texts.insert(texts.end(), r.plan->warnings.begin(), r.plan->warnings.end());
+  for (const std::string& text : texts) EXPECT_EQ(text.find("--"), std::string::npos) << text;
+  // The command line's tune names its flags.
+  const TuneResult cli = tune(runner, TuneOptions()
+                                          .time_budget_s(20)
+                                          .clock(&clock)
+                                          .amp(AmpMode::kOff)
+                                          .search(SearchOptions().max_batch(16)));
+  EXPECT_EQ(cli.search.stop_reason.rfind("reached --max-batch 16", 0), 0u) << cli.search.stop_reason;
 }
 
 TEST(Tune, ResolveChecksTheNestedOptionsAndKeepsOnePrecision) {

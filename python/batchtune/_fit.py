@@ -1,6 +1,7 @@
 """What the integrations share: the one-line error for a missing optional
 package. (Plan policy, such as reaching a target batch exactly, is the
-library's `Plan.make`.)"""
+tune's own plan: the integrations pass their target and world size to
+`tune` and map its plan onto their framework's settings.)"""
 from __future__ import annotations
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from typing import Dict, Iterator, Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
@@ -46,6 +45,9 @@ def resolve_device(device: Union[str, torch.device, None],
         device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     if device.type not in ("cpu", "cuda"):
         raise _core.Error(f"device: '{device}' is not supported; use cpu or cuda[:N]")
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise _core.Error(f"device: {device}: there are only {torch.cuda.device_count()} CUDA "
+                          "device(s), numbered from 0")
     return device
 
 
@@ -71,35 +73,6 @@ def parse_limit(limit: MemoryLimit) -> Optional[int]:
     return _core.parse_size(str(int(limit)), "memory_limit")
 
 
-# The CLI flags whose Python argument has another name.
-_RENAMED_FLAGS = {"--warmup": "warmup_steps"}
-
-
-def python_text(text: str, said: Optional[Dict[str, str]] = None) -> str:
-    """The C++ core's text (an error, a plan reason) with its CLI flags
-    (`--memory-limit`) named as the Python arguments (`memory_limit`).
-
-    `said` maps a flag to the words for where its value came from when the
-    caller did not give it (`{"--base-lr": "the optimizer's lr"}`): "as asked
-    with --amp", "(--base-lr)" and "--base-lr 0.1" say those words instead."""
-    for flag, words in (said or {}).items():
-        text = text.replace(f"as asked with {flag}", words)
-        text = text.replace(f"({flag})", f"({words})")
-        text = re.sub(rf"(?<![\w-]){re.escape(flag)}(?= [0-9.])", lambda _m: words, text)
-    text = re.sub(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)",
-                  lambda m: _RENAMED_FLAGS.get(m.group(0), m.group(1).replace("-", "_")), text)
-    return text.replace("give a larger limit", "give a larger memory_limit")
-
-
-def python_names(error: Exception) -> Exception:
-    """The C++ core's error, its message in `python_text`'s names (and the
-    option it is about, where it says one)."""
-    named = type(error)(python_text(str(error)))
-    if getattr(error, "option", None) is not None:
-        named.option = error.option
-    return named
-
-
 def installed_limit() -> Optional[int]:
     """The CPU budget an enclosing `emulated_memory` block set, or None."""
     if not _core.budget_installed():
@@ -111,13 +84,10 @@ def installed_limit() -> Optional[int]:
 def device_memory(device: torch.device, limit: MemoryLimit) -> "_core.DeviceMemory":
     """`device`'s memory with `limit`; on the CPU no limit inside an
     `emulated_memory` block is the block's budget (not half the RAM)."""
-    try:
-        limit = parse_limit(limit)
-        if limit is None and device.type == "cpu":
-            limit = installed_limit()
-        return _core.make_device_memory(str(device), limit)
-    except _core.Error as e:
-        raise python_names(e) from None
+    limit = parse_limit(limit)
+    if limit is None and device.type == "cpu":
+        limit = installed_limit()
+    return _core.make_device_memory(str(device), limit)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import _core
-from ._memory import python_names
 from ._snapshot import TrainingSnapshot
 from ._step import LossFn, TrainStep, check_batch, to_device
 
@@ -101,16 +100,11 @@ class Runner:
         self.subject = subject
         self.memory = memory
         self.margin = margin
-        try:
-            self._cpp = _core.TrialRunner(subject, memory, margin)
-        except _core.Error as e:
-            raise python_names(e) from None
+        self._cpp = _core.TrialRunner(subject, memory, margin)
 
     def run(self, options: "_core.TrialOptions") -> "_core.TrialResult":
         try:
             return self._cpp.run(options)
-        except _core.Error as e:
-            raise python_names(e) from None
         finally:
             # The C++ runner restored the state; the Python side drops what
             # a failed step left referenced.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import sys
 import threading
 import time
 import warnings
@@ -17,8 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from . import _checks, _core, _distributed
-from ._memory import (MemoryLimit, device_memory, python_names, python_text, resolve_device,
-                      restored_budget, uncounted_bytes)
+from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
 from ._step import LossFn, check_amp_device
 from ._trial import MakeBatch, Runner, Subject
 from .plan import Plan, optimizer_kind, reference_lr
@@ -154,17 +152,6 @@ class TuneResult:
         return json.dumps(self._json, **kwargs)
 
 
-def _python_document(value: Any, said: Dict[str, str]) -> Any:
-    """`value` (parsed JSON) with `python_text` applied to every string."""
-    if isinstance(value, str):
-        return python_text(value, said)
-    if isinstance(value, dict):
-        return {k: _python_document(v, said) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_python_document(v, said) for v in value]
-    return value
-
-
 def _check_callables(model, optimizer, loss_fn, make_batch) -> None:
     if not isinstance(model, torch.nn.Module):
         raise _core.Error(f"model: must be a torch.nn.Module, got {type(model).__name__}")
@@ -199,46 +186,6 @@ def _one_at_a_time(what: str) -> Iterator[None]:
     finally:
         _running_in = None
         _RUNNING.release()
-
-
-class _PythonNamesStream:
-    """sys.stderr for the CLI console output of `verbose=True`: each line with
-    Python's argument names (`python_text`), written whole."""
-
-    def __init__(self, target, said: Dict[str, str]):
-        self.target = target
-        self.said = said
-        self.pending = ""
-
-    def write(self, text: str) -> int:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.target.write(python_text(line, self.said) + "\n")
-        return len(text)
-
-    def flush(self) -> None:
-        self.target.flush()
-
-    def close_line(self) -> None:
-        if self.pending:
-            self.target.write(python_text(self.pending, self.said))
-            self.pending = ""
-        self.target.flush()
-
-
-@contextlib.contextmanager
-def _python_stderr(on: bool, said: Dict[str, str]) -> Iterator[None]:
-    if not on:
-        yield
-        return
-    stream = _PythonNamesStream(sys.stderr, said)
-    previous, sys.stderr = sys.stderr, stream
-    try:
-        yield
-    finally:
-        sys.stderr = previous
-        stream.close_line()
 
 
 def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -352,11 +299,9 @@ def _probe_amp(amp: str, dev: torch.device, runner_at, batch_size: int) -> Tuple
     try:
         mode, reason, _ = _core.measure_cpu_amp(
             fp32._cpp, bf16._cpp, max_batch=min(batch_size, _core.AMP_PROBE_MAX_BATCH))
-    except _core.Error as e:
-        raise python_names(e) from None
     finally:
         fp32.subject.batch = bf16.subject.batch = None
-    return mode, python_text(reason)
+    return mode, reason
 
 
 def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
@@ -369,8 +314,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          search_tolerance: float = _core.DEFAULT_SEARCH_TOLERANCE,
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
-         multiple_of: Optional[int] = None, group: Optional[Any] = None,
-         verbose: bool = False, _said: Optional[Dict[str, str]] = None) -> TuneResult:
+         multiple_of: Optional[int] = None, world_size: Optional[int] = None,
+         group: Optional[Any] = None, verbose: bool = False,
+         _sources: Optional[Dict[str, str]] = None) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
     step, leaving no trace. It is the library's pipeline, the one `batchtune
@@ -410,6 +356,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             `warnings`, and a Python warning).
         multiple_of: round the micro-batch down to a multiple of this (8 for
             tensor cores); the reason says what it cost.
+        world_size: the processes the plan is for (its global batch counts
+            them); default the group's size. A tune over several processes
+            plans for its group.
         group: the `torch.distributed` process group (default: the world when
             initialised): the minimum over ranks, one plan to every rank.
         verbose: print `batchtune tune`'s console output (phases, tables,
@@ -438,19 +387,19 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     max_batch = _checks.integer("max_batch", max_batch)
     base_batch = _checks.optional_integer("base_batch", base_batch)
     multiple_of = _checks.optional_integer("multiple_of", multiple_of)
-    if warmup_steps is not None:
-        warmup_steps = _checks.integer("warmup_steps", warmup_steps, -_checks.MAX_PLAN_COUNT)
-        if warmup_steps < 0:
-            raise _core.Error(f"warmup_steps: must be 0 or more steps, got {warmup_steps}")
+    world_size = _checks.optional_integer("world_size", world_size)
+    # Below 0: the options' resolve says so, naming warmup_steps.
+    warmup_steps = _checks.optional_integer("warmup_steps", warmup_steps, -_checks.MAX_PLAN_COUNT)
     if base_lr is not None:
         base_lr = _checks.number("base_lr", base_lr, "positive")
     report = _checks.output_path("report", report)
     dev = resolve_device(device, model)
     check_amp_device(amp, dev)
-    # Where the values the caller left out came from, for the reasons.
-    said = dict(_said or {})
+    # Where the values the caller left out came from, for the reasons
+    # (keyed by the argument: {"base_lr": "the optimizer's lr"}).
+    sources = dict(_sources or {})
     if base_lr is None:
-        said.setdefault("--base-lr", "the optimizer's lr")
+        sources.setdefault("base_lr", "the optimizer's lr")
     lr = base_lr if base_lr is not None else reference_lr(
         [float(g["lr"]) for g in optimizer.param_groups])
     if not (lr > 0):
@@ -462,7 +411,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         search_tolerance=search_tolerance, time_budget_s=float(time_budget), objective=objective,
         tolerance=tolerance, target_batch=target_batch, base_lr=lr, base_batch=base_batch,
         lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
-        multiple_of=multiple_of, sweep=sweep).resolve()
+        multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources).resolve()
     communicator = _distributed.communicator(group)
     started = time.perf_counter()
     written = None
@@ -477,20 +426,19 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             return Runner(subject, memory, margin)._cpp
 
         try:
-            with _python_stderr(verbose, said):
-                core = _core.tune(make_runner, memory, options, communicator=communicator,
-                                  verbose=verbose, report=report or "")
+            core = _core.tune(make_runner, memory, options, communicator=communicator,
+                              verbose=verbose, report=report or "")
         finally:
             for subject in subjects:
                 subject.batch = None
         if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
             written = report
-    # Python's names for the flags, and where unasked values came from, in
-    # every text of the result: reasons, warnings, diagnosis, the JSON.
-    document = _python_document(json.loads(core.to_json()), said)
+    # Every text of the result (reasons, warnings, diagnosis, the JSON)
+    # names Python's arguments: the options said so (TuneOptions).
+    document = json.loads(core.to_json())
     plan = None
     if core.plan_json is not None:
-        plan = Plan(**_python_document(json.loads(core.plan_json), said))
+        plan = Plan(**json.loads(core.plan_json))
         for warning in plan.warnings:
             warnings.warn(f"batchtune: {warning}", stacklevel=2)
     return TuneResult(
@@ -499,7 +447,6 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
                                                   document.get("amp_reason"))
                            for t in list(core.search.trials)],
         sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
-        reason=python_text(core.selection.reason, said),
-        diagnosis=python_text(core.diagnosis.text, said),
+        reason=core.selection.reason, diagnosis=core.diagnosis.text,
         seconds=time.perf_counter() - started, report=written,
         eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0, _json=document)

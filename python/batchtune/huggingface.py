@@ -41,10 +41,8 @@ import torch
 
 from . import _core
 from ._fit import missing
-from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
-from .plan import Plan, optimizer_kind
 
 try:
     import transformers
@@ -174,7 +172,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                           "batchtune tunes on its samples")
     if target_batch is not None and target_batch < 1:
         raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
-    for reserved in ("device", "group", "target_batch", "base_lr", "base_batch"):
+    for reserved in ("device", "group", "target_batch", "base_lr", "base_batch", "world_size"):
         if reserved in tune_kwargs:
             raise _core.Error(f"{reserved}: tune_training_args takes it from the TrainingArguments; "
                               "leave it out")
@@ -216,43 +214,27 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
     kwargs = dict(tune_kwargs)
     if make_batch.size is not None:
         kwargs["max_batch"] = min(kwargs.get("max_batch", _core.DEFAULT_MAX_BATCH), max(1, make_batch.size // world))
-    lr_scaling = kwargs.get("lr_scaling")
-    warmup = kwargs.get("warmup_steps")
     # The base lr is the TrainingArguments', not a base_lr the caller gave.
-    said = {"--base-lr": "the TrainingArguments' learning_rate"}
+    sources = {"base_lr": "the TrainingArguments' learning_rate"}
+    # The tune plans for the whole job: the target batch over `world`
+    # processes (under a launcher its agreement over the process group
+    # gives every process the same plan).
     with _training_mode(model, device):
         optimizer = _optimizer(trainer, model, args)
         result = tune(model, optimizer, loss_fn, make_batch, device=device, amp=amp,
                       objective=objective, memory_limit=memory_limit, margin=margin,
                       time_budget=time_budget,
                       report=report if args.process_index == 0 else None,
-                      base_lr=args.learning_rate, base_batch=configured, _said=said, **kwargs)
-        kind = optimizer_kind(optimizer)
+                      target_batch=target, world_size=world, base_lr=args.learning_rate,
+                      base_batch=configured, _sources=sources, **kwargs)
         del optimizer
     if not result.complete:
         raise KeyboardInterrupt
-    chosen = result.chosen_batch_size  # the smallest process's, under a launcher
-    if chosen < 1:
+    if result.chosen_batch_size < 1 or result.plan is None:
         reason = result.diagnosis or (result.trials[0].error if result.trials else "")
         raise _core.Error(f"memory_limit: not even batch 1 of {type(model).__name__} fits ({reason}); "
                           "give more memory or a smaller model")
-    plan_amp = result.plan.amp if result.plan is not None else "off"
-    # The same inputs on every process: the same plan on every process. The
-    # library's plan policy reaches the target exactly where it can.
-    plan = Plan.make(chosen, target_batch=target, world_size=world, base_lr=args.learning_rate,
-                     base_batch=configured, optimizer=kind, lr_scaling=lr_scaling,
-                     warmup_steps=warmup, amp=plan_amp, multiple_of=kwargs.get("multiple_of", 1),
-                     speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
-                     tolerance=kwargs.get("tolerance", _core.DEFAULT_TOLERANCE))
-    head = [f"micro-batch {chosen}: {result.reason}"]
-    if result.plan is not None:
-        plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
-        head += [r for r in result.plan.reasons if r.startswith("amp")]
-    if result.eval_batch_size > 0:
-        plan.eval_micro_batch_size = max(result.eval_batch_size, plan.micro_batch_size)
-        head += [r for r in result.plan.reasons if r.startswith("eval batch")]
-    plan.reasons = [python_text(r, said) for r in head + plan.reasons]
-    plan.warnings = [python_text(w, said) for w in plan.warnings]
+    plan = result.plan
 
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,
@@ -263,7 +245,6 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
     if plan.warmup_steps > 0 and not (args.warmup_steps >= 1 and args.warmup_steps >= plan.warmup_steps):
         changes["warmup_steps"] = plan.warmup_steps
     tuned = dataclasses.replace(args, **changes)
-    result.plan = plan
     if not quiet and args.process_index == 0:
         print(f"batchtune: per_device_train_batch_size {plan.micro_batch_size} x "
               f"gradient_accumulation_steps {plan.accumulation_steps} x {world} device(s) = "

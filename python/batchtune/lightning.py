@@ -29,10 +29,9 @@ import torch
 
 from . import _checks, _core
 from ._fit import missing
-from ._memory import python_text
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
-from .plan import Plan, group_lr_ratios, optimizer_kind, reference_lr
+from .plan import Plan, group_lr_ratios, reference_lr
 
 try:
     import lightning.pytorch as pl
@@ -121,9 +120,10 @@ class BatchTune(Callback):
        dataloader's data set, the heaviest samples first, as large as each
        trial asks; model, optimizer, random generators are left bit-identical
        and `self.log` does nothing during the trials;
-    2. under DDP every rank tunes its own device and the ranks take the
-       smallest choice (`trainer.strategy.reduce`, min); rank 0's plan goes to
-       every rank (`trainer.strategy.broadcast`);
+    2. the tune itself plans for the job (`target_batch` over every rank);
+       under DDP every rank tunes its own device and the ranks take the
+       smallest choice (`trainer.strategy.reduce`, min): the plan of the
+       first rank that chose it goes to every rank (`trainer.strategy.broadcast`);
     3. sets the micro-batch where Lightning's `BatchSizeFinder` does
        (`batch_arg_name` on the module, its hparams or the datamodule) and has
        the loaders made again with it, sets `trainer.accumulate_grad_batches`
@@ -173,7 +173,7 @@ class BatchTune(Callback):
                               "off, bf16, fp16")
         if target_batch is not None and target_batch < 1:
             raise _core.Error(f"target_batch: must be at least 1, got {target_batch}")
-        for reserved in ("group", "device", "target_batch", "base_lr", "base_batch"):
+        for reserved in ("group", "device", "target_batch", "base_lr", "base_batch", "world_size"):
             if reserved in tune_kwargs:
                 raise _core.Error(f"{reserved}: BatchTune sets it from the Trainer; leave it out")
         # A report path that cannot be written fails now, not after the tune.
@@ -307,58 +307,52 @@ class BatchTune(Callback):
         base_lr = self.base_lr if self.base_lr is not None else reference_lr(
             [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups])
         # Where the values nobody passed came from, for the reasons.
-        said = {}
+        sources = {}
         if self.amp is None:
-            said["--amp"] = f"the Trainer's precision '{trainer.precision}'"
+            sources["amp"] = f"the Trainer's precision '{trainer.precision}'"
         if self.base_lr is None:
-            said["--base-lr"] = "the optimizer's lr"
+            sources["base_lr"] = "the optimizer's lr"
         rank_zero_info(f"batchtune: tuning {type(pl_module).__name__}.training_step with "
                        f"{type(optimizer).__name__} on {device} ({world} rank(s)), batches from "
                        f"train_dataloader() heaviest first")
+        # The tune plans for the whole job (the target batch over `world`
+        # ranks), measuring this rank's device alone (its own group).
         with _trial_mode(pl_module):
             result = tune(pl_module, optimizer, loss_fn, make_batch, device=device, amp=amp,
                           objective=self.objective, memory_limit=self.memory_limit,
                           margin=self.margin, time_budget=self.time_budget,
                           report=self.report if rank == 0 else None,
+                          target_batch=self.target_batch, world_size=world,
                           base_lr=base_lr, base_batch=base_batch,
-                          group=self._local_group(trainer), _said=said, **kwargs)
+                          group=self._local_group(trainer), _sources=sources, **kwargs)
         self.result = result
         if not result.complete:
             raise KeyboardInterrupt
         own = result.chosen_batch_size
-        job = own
-        if world > 1:
-            agreed = trainer.strategy.reduce(torch.tensor(own, device=trainer.strategy.root_device),
-                                             reduce_op="min")
-            job = int(agreed.item())
+        if world <= 1:
+            if own < 1:
+                self._none_fits(pl_module, result, "here")
+            return result.plan
+        # The job trains at the smallest of the ranks' choices: the plan of
+        # the first rank that chose it, which planned the job for itself.
+        root = trainer.strategy.root_device
+        job = int(trainer.strategy.reduce(torch.tensor(own, device=root), reduce_op="min").item())
         if job < 1:
-            reason = result.diagnosis or (result.trials[0].error if result.trials else "")
-            raise _core.Error(f"memory_limit: not even batch 1 of {type(pl_module).__name__} fits "
-                              f"{'on some rank' if own >= 1 else 'here'} ({reason}); give more "
-                              "memory or a smaller model")
-        plan = None
-        if rank == 0:
-            # The library's plan policy: the target reached exactly by a
-            # smaller micro-batch where the sweep says it costs little.
-            plan = Plan.make(job, target_batch=self.target_batch, world_size=world,
-                             base_lr=base_lr, base_batch=base_batch,
-                             optimizer=optimizer_kind(optimizer),
-                             lr_scaling=kwargs.get("lr_scaling"),
-                             warmup_steps=kwargs.get("warmup_steps"),
-                             amp=result.plan.amp if result.plan is not None else amp,
-                             multiple_of=kwargs.get("multiple_of", 1),
-                             speeds=[(r.batch_size, r.samples_per_s) for r in result.sweep],
-                             tolerance=kwargs.get("tolerance", _core.DEFAULT_TOLERANCE))
-            head = [f"micro-batch {job}: {result.reason}"]
-            if world > 1:
-                head.append(f"micro-batch {job}: the smallest of the {world} ranks' choices "
-                            f"(rank 0 chose {own})")
-            if result.plan is not None:  # tune's amp reason says how it was chosen
-                plan.reasons = [r for r in plan.reasons if not r.startswith("amp")]
-                head += [r for r in result.plan.reasons if r.startswith("amp")]
-            plan.reasons = [python_text(r, said) for r in head + plan.reasons]
-            plan.warnings = [python_text(w, said) for w in plan.warnings]
-        return trainer.strategy.broadcast(plan, src=0)
+            self._none_fits(pl_module, result, "on some rank" if own >= 1 else "here")
+        holder = world if own != job else rank
+        source = int(trainer.strategy.reduce(torch.tensor(holder, device=root),
+                                             reduce_op="min").item())
+        plan = result.plan if rank == source else None
+        if plan is not None:
+            plan.reasons.insert(1, f"micro-batch {job}: the smallest of the {world} ranks' "
+                                   f"choices (rank {source}'s)")
+        return trainer.strategy.broadcast(plan, src=source)
+
+    @staticmethod
+    def _none_fits(pl_module: "pl.LightningModule", result: TuneResult, where: str) -> None:
+        reason = result.diagnosis or (result.trials[0].error if result.trials else "")
+        raise _core.Error(f"memory_limit: not even batch 1 of {type(pl_module).__name__} fits "
+                          f"{where} ({reason}); give more memory or a smaller model")
 
     # -- applying the plan -------------------------------------------------
 

@@ -10,7 +10,6 @@ import stat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _checks, _core
-from ._memory import python_names
 
 # A plan file is a few KiB; past this it is the wrong file.
 _MAX_PLAN_FILE_BYTES = 16 << 20
@@ -173,17 +172,14 @@ class Plan:
                               f"got {prefetch}")
         multiple_of = _checks.integer("multiple_of", multiple_of, 1, _checks.MAX_PLAN_COUNT)
         tolerance = _checks.number("tolerance", tolerance, "at least 0 and below 1")
-        try:
-            text = _core.make_plan(
-                micro_batch_size=micro_batch_size, target_batch=target_batch or 0,
-                world_size=world_size, base_lr=base_lr, base_batch=base_batch or 0,
-                optimizer=optimizer, lr_scaling=lr_scaling or "",
-                warmup_steps=-1 if warmup_steps is None else warmup_steps, amp=amp,
-                workers=workers, pin_memory=pin_memory, prefetch=prefetch,
-                multiple_of=multiple_of, speeds=[(int(b), float(s)) for b, s in speeds],
-                speed_tolerance=tolerance)
-        except _core.Error as e:
-            raise python_names(e) from None
+        text = _core.make_plan(
+            micro_batch_size=micro_batch_size, target_batch=target_batch or 0,
+            world_size=world_size, base_lr=base_lr, base_batch=base_batch or 0,
+            optimizer=optimizer, lr_scaling=lr_scaling or "",
+            warmup_steps=-1 if warmup_steps is None else warmup_steps, amp=amp,
+            workers=workers, pin_memory=pin_memory, prefetch=prefetch,
+            multiple_of=multiple_of, speeds=[(int(b), float(s)) for b, s in speeds],
+            speed_tolerance=tolerance)
         return cls(**json.loads(text))
 
     def lr_at(self, step: int) -> float:

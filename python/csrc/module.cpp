@@ -264,6 +264,7 @@ void bind_plan(py::module_& m) {
         std::vector<MeasuredSpeed> measured;
         for (const auto& [batch, samples_per_s] : speeds) measured.push_back({batch, samples_per_s});
         return dump(to_json(make_plan(PlanOptions()
+                                          .front_end(FrontEnd::kPython)
                                           .micro_batch_size(micro_batch_size)
                                           .target_batch(target_batch)
                                           .world_size(world_size)

@@ -20,6 +20,7 @@
 
 #include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/memory/device_memory.h"
@@ -176,6 +177,18 @@ class PythonSubject final : public TuneSubject {
   std::map<AmpMode, py::object> runners_;
 };
 
+/// `sources` keyed by the options' Python names (`{"base_lr": "the
+/// optimizer's lr"}`); a name that is no option is the package's own bug.
+OptionSources python_sources(const std::map<std::string, std::string>& sources) {
+  OptionSources out;
+  for (const auto& [name, words] : sources) {
+    const std::optional<Option> option = find_option(name, FrontEnd::kPython);
+    TORCH_CHECK(option.has_value(), "TuneOptions: sources: '", name, "' is no option's Python name");
+    out.emplace(*option, words);
+  }
+  return out;
+}
+
 TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
                     const ResolvedTuneOptions& resolved, TuneReporter* reporter,
                     Communicator* communicator, bool verbose, const std::string& report) {
@@ -220,7 +233,8 @@ void bind_tune(py::module_& m) {
                        std::optional<int64_t> base_batch, std::optional<std::string> lr_scaling,
                        std::optional<int64_t> warmup_steps, std::optional<std::string> optimizer,
                        std::optional<int64_t> multiple_of, const std::string& command_line,
-                       bool sweep) {
+                       bool sweep, std::optional<int64_t> world_size,
+                       const std::map<std::string, std::string>& sources) {
              PlanRequest request;
              request.target_batch = target_batch;
              request.base_lr = base_lr;
@@ -229,7 +243,10 @@ void bind_tune(py::module_& m) {
              request.warmup_steps = warmup_steps;
              request.optimizer = optimizer;
              request.multiple_of = multiple_of;
+             if (world_size) request.world_size = *world_size;
+             request.sources = python_sources(sources);
              return TuneOptions()
+                 .front_end(FrontEnd::kPython)
                  .amp(parse_amp(amp, "amp"))
                  .margin(margin)
                  .search(SearchOptions()
@@ -252,7 +269,8 @@ void bind_tune(py::module_& m) {
            py::arg("base_batch") = py::none(), py::arg("lr_scaling") = py::none(),
            py::arg("warmup_steps") = py::none(), py::arg("optimizer") = py::none(),
            py::arg("multiple_of") = py::none(), py::arg("command_line") = "",
-           py::arg("sweep") = true)
+           py::arg("sweep") = true, py::arg("world_size") = py::none(),
+           py::arg("sources") = std::map<std::string, std::string>{})
       .def_property_readonly("time_budget_s", [](const TuneOptions& o) { return o.time_budget_s(); })
       .def_property_readonly("max_batch", [](const TuneOptions& o) { return o.search().max_batch(); })
       .def("resolve", [](const TuneOptions& o) { return resolve(o); },

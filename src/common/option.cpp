@@ -1,5 +1,7 @@
 #include "batchtune/common/option.h"
 
+#include <c10/util/Exception.h>
+
 #include <array>
 #include <utility>
 
@@ -17,7 +19,7 @@ struct OptionNames {
 };
 
 // The CLI's flags (tools/) and the Python package's arguments (python/batchtune).
-constexpr std::array<OptionNames, 22> kNames{{
+constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kMemoryLimit, "--memory-limit", "memory_limit"},
     {Option::kMargin, "--margin", "margin"},
     {Option::kTimeBudget, "--time-budget", "time_budget"},
@@ -43,10 +45,13 @@ constexpr std::array<OptionNames, 22> kNames{{
 }};
 
 const OptionNames& names_of(Option option) {
+  const OptionNames* found = nullptr;
   for (const auto& names : kNames) {
-    if (names.option == option) return names;
+    if (names.option == option) found = &names;
   }
-  return kNames.front();  // unreachable: every Option has a row
+  TORCH_CHECK(found != nullptr, "batchtune: Option ", static_cast<int>(option),
+              " has no row of names in option.cpp's kNames; add one");
+  return *found;
 }
 
 }  // namespace
@@ -54,6 +59,23 @@ const OptionNames& names_of(Option option) {
 std::string option_name(Option option, FrontEnd front_end) {
   const OptionNames& names = names_of(option);
   return front_end == FrontEnd::kCli ? names.cli : names.python;
+}
+
+std::optional<Option> find_option(const std::string& name, FrontEnd front_end) {
+  for (const auto& names : kNames) {
+    if (name == (front_end == FrontEnd::kCli ? names.cli : names.python)) return names.option;
+  }
+  return std::nullopt;
+}
+
+std::string option_source(Option option, FrontEnd front_end, const OptionSources& sources) {
+  const auto it = sources.find(option);
+  return it != sources.end() ? it->second : option_name(option, front_end);
+}
+
+std::string as_asked(Option option, FrontEnd front_end, const OptionSources& sources) {
+  const auto it = sources.find(option);
+  return it != sources.end() ? it->second : "as asked with " + option_name(option, front_end);
 }
 
 std::string mention(Option option) {

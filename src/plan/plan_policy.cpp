@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 
@@ -18,6 +19,15 @@ namespace {
 constexpr int64_t kMaxRuleWarmupSteps = 500;
 
 std::string format_lr(double lr) { return fmt::format("{:.6g}", lr); }
+
+/// `option` as the plan's reader names it ("--base-batch", "base_batch").
+std::string name(const PlanOptions& o, Option option) { return option_name(option, o.front_end()); }
+
+/// Where `option`'s value came from, in words: the caller's source ("the
+/// plan p.json"), else the option's name.
+std::string source(const PlanOptions& o, Option option) {
+  return option_source(option, o.front_end(), o.sources());
+}
 
 /// The speed at `batch`, read from measured rows: linear in log(batch)
 /// between the two rows around it (a row itself where there is one);
@@ -85,8 +95,8 @@ Split split_global_batch(const PlanOptions& o) {
   std::string multiple_note;
   if (multiple > 1) {
     if (chosen < multiple) {
-      multiple_note = fmt::format("kept, though below --multiple-of {}: no multiple of it fits",
-                                  multiple);
+      multiple_note = fmt::format("kept, though below {} {}: no multiple of it fits",
+                                  source(o, Option::kMultipleOf), multiple);
     } else {
       split.micro = chosen / multiple * multiple;
     }
@@ -95,11 +105,12 @@ Split split_global_batch(const PlanOptions& o) {
     return multiple <= 1 || chosen < multiple || size % multiple == 0;
   };
   const int64_t target = o.target_batch();
+  const std::string target_source = source(o, Option::kTargetBatch);
   if (target == 0) {
     split.global_reason = fmt::format(
         "global batch {}: the micro-batch {}{}, no accumulation (no {})", split.micro * world,
         split.micro, world > 1 ? fmt::format(" x {} processes", world) : "",
-        o.target_batch_source());
+        target_source);
   } else {
     const int64_t per_process = target / world;
     std::optional<int64_t> exact;
@@ -127,10 +138,10 @@ Split split_global_batch(const PlanOptions& o) {
         split.micro_reason =
             *exact == per_process && per_process < split.micro
                 ? fmt::format("micro-batch {}, not the {} chosen: {} {} needs no more{}", *exact,
-                              chosen, o.target_batch_source(), target, processes)
+                              chosen, target_source, target, processes)
                 : fmt::format("micro-batch {}, not the {} chosen: the largest that reaches {} {} "
                               "exactly; {}",
-                              *exact, chosen, o.target_batch_source(), target,
+                              *exact, chosen, target_source, target,
                               cost_words(o.speeds(), *exact, chosen));
       }
       split.micro = *exact;
@@ -138,10 +149,10 @@ Split split_global_batch(const PlanOptions& o) {
       split.global_reason =
           split.accumulation == 1
               ? fmt::format("global batch {}: {} {}, one micro-batch of {}{} per step", target,
-                            o.target_batch_source(), target, split.micro, processes)
+                            target_source, target, split.micro, processes)
               : fmt::format("global batch {}: {} {} reached by accumulating {} micro-batches of "
                             "{}{}",
-                            target, o.target_batch_source(), target, split.accumulation,
+                            target, target_source, target, split.accumulation,
                             split.micro, processes);
     } else {
       if (target < split.micro * world) {
@@ -150,7 +161,7 @@ Split split_global_batch(const PlanOptions& o) {
         split.micro = std::max<int64_t>(
             1, std::llround(static_cast<double>(target) / static_cast<double>(world)));
         split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: {} {}{} needs no more",
-                                         split.micro, chosen, o.target_batch_source(), target,
+                                         split.micro, chosen, target_source, target,
                                          processes);
       }
       const int64_t per_step = split.micro * world;
@@ -161,7 +172,7 @@ Split split_global_batch(const PlanOptions& o) {
       split.global_reason = fmt::format(
           "global batch {}: {} {} cannot be reached exactly ({}); accumulating {} "
           "micro-batches of {}{} gives the nearest, {:+.1f} % off",
-          reached, o.target_batch_source(), target,
+          reached, target_source, target,
           target % world != 0
               ? fmt::format("it is not a multiple of the {} processes", world)
               : fmt::format("no micro-batch within the speed tolerance of {} divides {}",
@@ -172,8 +183,8 @@ Split split_global_batch(const PlanOptions& o) {
   }
   if (split.micro_reason.empty() && split.micro != chosen) {
     split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: rounded down to a "
-                                     "multiple of {} (--multiple-of); {}",
-                                     split.micro, chosen, multiple,
+                                     "multiple of {} ({}); {}",
+                                     split.micro, chosen, multiple, source(o, Option::kMultipleOf),
                                      cost_words(o.speeds(), split.micro, chosen));
   } else if (!multiple_note.empty()) {
     split.micro_reason = fmt::format("micro-batch {}: {}", split.micro, multiple_note);
@@ -208,53 +219,54 @@ double scheduled_lr(double lr, int64_t warmup_steps, int64_t step) {
 
 Plan make_plan(const PlanOptions& o) {
   if (o.micro_batch_size() < 1) {
-    throw Error(fmt::format("--batch-size: must be at least 1, got {}", o.micro_batch_size()));
+    throw OptionError(Option::kBatchSize,
+                      fmt::format("must be at least 1, got {}", o.micro_batch_size()));
   }
   if (o.world_size() < 1) {
-    throw Error(fmt::format("--world-size: must be at least 1, got {}", o.world_size()));
+    throw OptionError(Option::kWorldSize, fmt::format("must be at least 1, got {}", o.world_size()));
   }
   if (o.target_batch() < 0) {
-    throw Error(fmt::format("--target-batch: must be at least 1, got {}", o.target_batch()));
+    throw OptionError(Option::kTargetBatch,
+                      fmt::format("must be at least 1, got {}", o.target_batch()));
   }
   if (!(o.base_lr() > 0) || !std::isfinite(o.base_lr())) {
-    throw Error(fmt::format("--base-lr: must be positive, got {}", o.base_lr()));
+    throw OptionError(Option::kBaseLr, fmt::format("must be positive, got {}", o.base_lr()));
   }
   if (o.base_lr() > kMaxLearningRate) {
-    throw Error(fmt::format("--base-lr: must be at most {:g}, got {:g}", kMaxLearningRate,
-                            o.base_lr()));
+    throw OptionError(Option::kBaseLr, fmt::format("must be at most {:g}, got {:g}",
+                                                   kMaxLearningRate, o.base_lr()));
   }
   if (o.base_batch() < 0) {
-    throw Error(fmt::format("--base-batch: must be at least 1, got {}", o.base_batch()));
+    throw OptionError(Option::kBaseBatch, fmt::format("must be at least 1, got {}", o.base_batch()));
   }
-  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--batch-size", o.micro_batch_size()},
-                                    {"--world-size", o.world_size()},
-                                    {"--target-batch", o.target_batch()},
-                                    {"--base-batch", o.base_batch()},
-                                    {"--warmup", o.warmup_steps()}}) {
+  for (const auto& [option, value] : {std::pair{Option::kBatchSize, o.micro_batch_size()},
+                                      std::pair{Option::kWorldSize, o.world_size()},
+                                      std::pair{Option::kTargetBatch, o.target_batch()},
+                                      std::pair{Option::kBaseBatch, o.base_batch()},
+                                      std::pair{Option::kWarmup, o.warmup_steps()}}) {
     if (value > kMaxPlanCount) {
-      throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxPlanCount, value));
+      throw OptionError(option, fmt::format("must be at most {}, got {}", kMaxPlanCount, value));
     }
   }
-  if (o.workers() > kMaxWorkers) {
-    throw Error(fmt::format("--workers: must be at most {}, got {}", kMaxWorkers, o.workers()));
+  if (o.workers() < 0 || o.workers() > kMaxWorkers) {
+    throw OptionError(Option::kWorkers, fmt::format("must be 0 (load on the training thread) to "
+                                                    "{}, got {}",
+                                                    kMaxWorkers, o.workers()));
   }
-  if (o.prefetch() > kMaxPrefetch) {
-    throw Error(fmt::format("--prefetch: must be at most {} batches per worker, got {}",
-                            kMaxPrefetch, o.prefetch()));
+  if (o.prefetch() < 0 || o.prefetch() > kMaxPrefetch) {
+    throw OptionError(Option::kPrefetch, fmt::format("must be 0 to {} batches per worker, got {}",
+                                                     kMaxPrefetch, o.prefetch()));
   }
   if (o.amp() == AmpMode::kAuto) {
-    throw Error("--amp: auto must be resolved (choose_amp) before a plan is made");
-  }
-  if (o.workers() < 0 || o.prefetch() < 0) {
-    throw Error("--workers/--prefetch: must not be negative");
+    throw OptionError(Option::kAmp, "auto must be resolved (choose_amp) before a plan is made");
   }
   if (o.multiple_of() < 1 || o.multiple_of() > kMaxPlanCount) {
-    throw Error(fmt::format("--multiple-of: must be from 1 to {}, got {}", kMaxPlanCount,
-                            o.multiple_of()));
+    throw OptionError(Option::kMultipleOf, fmt::format("must be from 1 to {}, got {}",
+                                                       kMaxPlanCount, o.multiple_of()));
   }
   if (!(o.speed_tolerance() >= 0 && o.speed_tolerance() < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}",
-                            o.speed_tolerance()));
+    throw OptionError(Option::kTolerance, fmt::format("must be at least 0 and below 1, got {}",
+                                                      o.speed_tolerance()));
   }
   Plan plan;
   plan.micro_batch_size = o.micro_batch_size();
@@ -262,8 +274,9 @@ Plan make_plan(const PlanOptions& o) {
   const std::optional<int64_t> per_step_checked =
       checked_product(plan.micro_batch_size, plan.world_size);
   if (!per_step_checked) {
-    throw Error(fmt::format("--batch-size: {} x {} processes is more than {} samples per step",
-                            plan.micro_batch_size, plan.world_size, kMaxPlanCount));
+    throw OptionError(Option::kBatchSize,
+                      fmt::format("{} x {} processes is more than {} samples per step",
+                                  plan.micro_batch_size, plan.world_size, kMaxPlanCount));
   }
   const Split split = split_global_batch(o);
   plan.micro_batch_size = split.micro;
@@ -273,8 +286,8 @@ Plan make_plan(const PlanOptions& o) {
   const std::optional<int64_t> global = checked_product(
       *checked_product(plan.micro_batch_size, plan.world_size), plan.accumulation_steps);
   if (!global) {
-    throw Error(fmt::format("--target-batch: {} is more than {} samples per step",
-                            o.target_batch(), kMaxPlanCount));
+    throw OptionError(Option::kTargetBatch, fmt::format("{} is more than {} samples per step",
+                                                        o.target_batch(), kMaxPlanCount));
   }
   plan.global_batch_size = *global;
 
@@ -285,11 +298,13 @@ Plan make_plan(const PlanOptions& o) {
                                     : parse_lr_scaling(o.lr_scaling());
   plan.lr = scale_lr(o.base_lr(), base_batch, plan.global_batch_size, plan.lr_scaling);
   if (!(plan.lr <= kMaxLearningRate)) {
-    throw Error(fmt::format("--base-lr: {:g} scaled {} from batch {} to {} gives lr {:g}, above "
-                            "{:g}; give a smaller --base-lr or --target-batch, or "
-                            "--lr-scaling none",
-                            o.base_lr(), lr_scaling_name(plan.lr_scaling), base_batch,
-                            plan.global_batch_size, plan.lr, kMaxLearningRate));
+    throw OptionError(Option::kBaseLr,
+                      fmt::format("{:g} scaled {} from batch {} to {} gives lr {:g}, above {:g}; "
+                                  "give a smaller {} or {}, or {} none",
+                                  o.base_lr(), lr_scaling_name(plan.lr_scaling), base_batch,
+                                  plan.global_batch_size, plan.lr, kMaxLearningRate,
+                                  mention(Option::kBaseLr), mention(Option::kTargetBatch),
+                                  mention(Option::kLrScaling)));
   }
   const std::string scaling_why =
       default_scaling
@@ -299,12 +314,13 @@ Plan make_plan(const PlanOptions& o) {
                             ? ", whose per-parameter normalisation makes linear scaling too "
                               "aggressive"
                             : "")
-          : fmt::format(" (from {})", o.lr_scaling_source());
+          : fmt::format(" (from {})", source(o, Option::kLrScaling));
   if (!base_known) {
     plan.set_reason(PlanField::kLr,
                     fmt::format("lr {}: the base lr ({}), not scaled: the batch it belongs to is "
                                 "unknown (give {} to scale it to the global batch {})",
-                                format_lr(plan.lr), o.base_lr_source(), o.base_batch_flag(),
+                                format_lr(plan.lr), source(o, Option::kBaseLr),
+                                name(o, Option::kBaseBatch),
                                 plan.global_batch_size));
   } else if (base_batch == plan.global_batch_size || plan.lr_scaling == LrScaling::kNone) {
     plan.set_reason(PlanField::kLr, fmt::format("lr {}: the base lr, unscaled{}", format_lr(plan.lr),
@@ -316,7 +332,7 @@ Plan make_plan(const PlanOptions& o) {
   } else {
     plan.set_reason(PlanField::kLr, fmt::format("lr {}: base lr {} ({}) at batch {} scaled {} to batch {}{}",
                                        format_lr(plan.lr), format_lr(o.base_lr()),
-                                       o.base_lr_source(), base_batch,
+                                       source(o, Option::kBaseLr), base_batch,
                                        lr_scaling_name(plan.lr_scaling),
                                        plan.global_batch_size, scaling_why));
   }
@@ -325,7 +341,7 @@ Plan make_plan(const PlanOptions& o) {
   if (o.warmup_steps() >= 0) {
     plan.warmup_steps = o.warmup_steps();
     plan.set_reason(PlanField::kWarmup,
-        fmt::format("warm-up {} steps: from {}", plan.warmup_steps, o.warmup_source()));
+        fmt::format("warm-up {} steps: from {}", plan.warmup_steps, source(o, Option::kWarmup)));
   } else {
     plan.warmup_steps = warmup_rule(factor);
     plan.set_reason(PlanField::kWarmup,
@@ -342,10 +358,13 @@ Plan make_plan(const PlanOptions& o) {
   plan.workers = o.workers();
   plan.pin_memory = o.pin_memory();
   plan.prefetch = o.prefetch();
+  // Only the CLI's `tune --data` times worker counts; from Python the
+  // batches come from the caller's own loader.
   plan.set_reason(PlanField::kInputPipeline, fmt::format(
-      "input pipeline: {} workers, pin_memory {}, prefetch {} (tune with --data times "
-      "the worker counts)",
-      plan.workers, plan.pin_memory ? "on" : "off", plan.prefetch));
+      "input pipeline: {} workers, pin_memory {}, prefetch {} ({})", plan.workers,
+      plan.pin_memory ? "on" : "off", plan.prefetch,
+      o.front_end() == FrontEnd::kCli ? "tune with --data times the worker counts"
+                                      : "the defaults, not timed"));
   return plan;
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 
@@ -36,8 +37,8 @@ std::optional<double> trial_energy_joules(const SampleSummary& summary, double t
 
 std::vector<EnergyCost> energy_costs(const std::vector<SweepRow>& rows, double eta) {
   if (!(eta >= 0 && eta <= 1)) {
-    throw Error(fmt::format("--eta: must be between 0 (time only) and 1 (energy only), got {}",
-                            eta));
+    throw OptionError(Option::kEta,
+                      fmt::format("must be between 0 (time only) and 1 (energy only), got {}", eta));
   }
   std::vector<EnergyCost> costs;
   double max_power = 0;

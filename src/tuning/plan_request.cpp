@@ -58,8 +58,9 @@ void validate(const PlanRequest& r) {
     throw OptionError(Option::kMultipleOf,
                       fmt::format("must be from 1 to {}, got {}", kMaxPlanCount, *r.multiple_of));
   }
-  if (r.world_size < 1) {
-    throw Error(fmt::format("world size: must be at least 1, got {}", r.world_size));
+  if (r.world_size < 1 || r.world_size > kMaxPlanCount) {
+    throw OptionError(Option::kWorldSize, fmt::format("must be from 1 to {}, got {}", kMaxPlanCount,
+                                                      r.world_size));
   }
 }
 
@@ -102,11 +103,11 @@ void put_micro_reason(Plan& plan, const std::string& chosen_reason) {
 }
 
 /// The plan's warning when nothing says which batch the lr belongs to.
-void warn_unscaled_lr(Plan& plan, const std::string& lr_words, const std::string& flag) {
+void warn_unscaled_lr(Plan& plan, const std::string& lr_words, const PlanRequest& request) {
   plan.warnings.push_back(fmt::format(
       "lr not scaled: {} belongs to an unknown batch; give {} (the batch it was tuned at) to "
       "scale it to the global batch {}",
-      lr_words, flag, plan.global_batch_size));
+      lr_words, option_name(Option::kBaseBatch, request.front_end), plan.global_batch_size));
 }
 
 }  // namespace
@@ -115,8 +116,11 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
                 const Workload& workload, const DeviceMemory& memory) {
   validate(request);
   const bool cuda = memory.device().is_cuda();
+  const auto name = [&](Option option) { return option_name(option, request.front_end); };
+  OptionSources sources = request.sources;
   PlanOptions options;
-  options.micro_batch_size(micro.size)
+  options.front_end(request.front_end)
+      .micro_batch_size(micro.size)
       .speeds(micro.speeds)
       .speed_tolerance(micro.tolerance)
       .multiple_of(request.multiple_of.value_or(1))
@@ -130,31 +134,34 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
     // The file's values, each overridden by what the request sets.
     const Plan file = read_plan_file(request.plan_file);
     const std::string from = "the plan " + request.plan_file;
+    if (!request.target_batch) sources.emplace(Option::kTargetBatch, from + "'s global batch");
+    if (!request.base_lr) sources.emplace(Option::kBaseLr, from);
+    if (!request.lr_scaling) sources.emplace(Option::kLrScaling, from);
+    if (!request.warmup_steps) sources.emplace(Option::kWarmup, from);
     options.target_batch(request.target_batch.value_or(file.global_batch_size))
-        .target_batch_source(request.target_batch ? "--target-batch" : from + "'s global batch")
         .base_lr(request.base_lr.value_or(file.lr))
-        .base_lr_source(request.base_lr ? "--base-lr" : from)
         .base_batch(request.base_batch.value_or(file.global_batch_size))
         .lr_scaling(lr_scaling_name(request.lr_scaling.value_or(file.lr_scaling)))
-        .lr_scaling_source(request.lr_scaling ? "--lr-scaling" : from)
         .warmup_steps(request.warmup_steps.value_or(file.warmup_steps))
-        .warmup_source(request.warmup_steps ? "--warmup" : from)
         .workers(file.workers)
         .pin_memory(file.pin_memory)
         .prefetch(file.prefetch);
     pipeline_why = "from " + from;
   } else {
     const int64_t base_batch = lr_base_batch(request).value_or(0);
+    if (!request.base_lr) {
+      sources.emplace(Option::kBaseLr,
+                      request.base_batch ? name(Option::kLr)
+                                         : fmt::format("the default {}, known for batch {}",
+                                                       name(Option::kLr), kDefaultBaseBatch));
+    }
     options.target_batch(request.target_batch.value_or(0))
         .base_lr(request.base_lr.value_or(workload.options().lr()))
-        .base_lr_source(request.base_lr ? std::string("--base-lr")
-                        : request.base_batch
-                            ? std::string("--lr")
-                            : fmt::format("the default --lr, known for batch {}", kDefaultBaseBatch))
         .base_batch(base_batch)
         .lr_scaling(request.lr_scaling ? lr_scaling_name(*request.lr_scaling) : "")
         .warmup_steps(request.warmup_steps.value_or(-1));
   }
+  options.sources(sources);
   if (request.workers) options.workers(*request.workers);
   if (request.prefetch) options.prefetch(*request.prefetch);
   if (request.pin_memory) options.pin_memory(*request.pin_memory);
@@ -168,9 +175,14 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
   if (request.lr) {
     plan.lr = *request.lr;
     plan.lr_scaling = LrScaling::kNone;  // as asked, not scaled
-    plan.set_reason(PlanField::kLr, fmt::format("lr {:.6g}: as asked with --lr (not scaled)", plan.lr));
+    plan.set_reason(PlanField::kLr, fmt::format("lr {:.6g}: {} (not scaled)", plan.lr,
+                                                as_asked(Option::kLr, request.front_end,
+                                                         request.sources)));
   } else if (options.base_batch() == 0) {
-    warn_unscaled_lr(plan, fmt::format("--base-lr {:g}", options.base_lr()), "--base-batch");
+    warn_unscaled_lr(plan,
+                     fmt::format("{} {:g}", option_source(Option::kBaseLr, request.front_end, sources),
+                                 options.base_lr()),
+                     request);
   }
   plan.workload = describe_workload(workload, memory, request);
   plan.workload.base_batch =
@@ -180,12 +192,15 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
 
 Plan build_subject_plan(const PlanRequest& request, const MicroBatchChoice& micro,
                         const AmpChoice& amp, bool cuda) {
+  OptionSources sources = request.sources;
+  if (!request.base_lr) sources.emplace(Option::kBaseLr, "the optimizer's lr");
   PlanOptions o;
-  o.micro_batch_size(micro.size)
+  o.front_end(request.front_end)
+      .sources(sources)
+      .micro_batch_size(micro.size)
       .speeds(micro.speeds)
       .speed_tolerance(micro.tolerance)
       .multiple_of(request.multiple_of.value_or(1))
-      .base_lr_source(request.base_lr ? "--base-lr" : "the optimizer's lr")
       .world_size(request.world_size)
       .target_batch(request.target_batch.value_or(0))
       .base_lr(request.base_lr.value_or(1e-3))
@@ -199,10 +214,10 @@ Plan build_subject_plan(const PlanRequest& request, const MicroBatchChoice& micr
   Plan plan = make_plan(o);
   put_micro_reason(plan, micro.reason);
   if (!request.base_batch) {
-    warn_unscaled_lr(plan, fmt::format("the lr {:g}", o.base_lr()), "--base-batch");
+    warn_unscaled_lr(plan, fmt::format("the lr {:g}", o.base_lr()), request);
   }
   // The caller feeds its own batches (a Python DataLoader): nothing here
-  // timed worker counts, and no --data flag would.
+  // timed worker counts, and no loader here could.
   set_pipeline_reason(plan, "the defaults, not timed: the batches came from the caller's own "
                             "loader");
   return plan;

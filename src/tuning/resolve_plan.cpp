@@ -17,10 +17,12 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
                   int64_t max_batch, TuneReporter* reporter, DataParallel* data_parallel,
                   StopRequest stop) {
   validate(request);
+  const auto name = [&](Option option) { return option_name(option, request.front_end); };
   const PlanWorkload current = describe_workload(workload, memory, request);
   if (!request.plan_file.empty()) {
     const Plan file = read_plan_file(request.plan_file);
-    const std::string source = "--plan " + request.plan_file;
+    const std::string source =
+        (request.front_end == FrontEnd::kCli ? "--plan " : "the plan ") + request.plan_file;
     check_plan_workload(file.workload, current, source);
     AmpChoice amp{file.amp, fmt::format("amp {}: from the plan {}", amp_name(file.amp),
                                         request.plan_file)};
@@ -29,13 +31,15 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
                        std::min(request.micro_batch_size.value_or(file.micro_batch_size),
                                 kAmpProbeMaxBatch));
       if (amp.mode != file.amp) {
-        amp.reason += fmt::format(" (--amp overrides the plan's {})", amp_name(file.amp));
+        amp.reason += fmt::format(" ({} overrides the plan's {})", name(Option::kAmp),
+                                  amp_name(file.amp));
       }
     }
     const int64_t micro = request.micro_batch_size.value_or(file.micro_batch_size);
     const std::string micro_reason =
         request.micro_batch_size
-            ? fmt::format("micro-batch {}: as asked with --batch-size (the plan {} has {})", micro,
+            ? fmt::format("micro-batch {}: {} (the plan {} has {})", micro,
+                          as_asked(Option::kBatchSize, request.front_end, request.sources),
                           request.plan_file, file.micro_batch_size)
             : fmt::format("micro-batch {}: from the plan {}", micro, request.plan_file);
     Plan plan = build_plan(request, {micro, micro_reason, {}, kDefaultThroughputTolerance}, amp,
@@ -62,8 +66,10 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
                                      std::min(micro, kAmpProbeMaxBatch));
     return build_plan(request,
-                      {micro, fmt::format("micro-batch {}: as asked with --batch-size", micro), {},
-                       kDefaultThroughputTolerance},
+                      {micro,
+                       fmt::format("micro-batch {}: {}", micro,
+                                   as_asked(Option::kBatchSize, request.front_end, request.sources)),
+                       {}, kDefaultThroughputTolerance},
                       amp, workload, memory);
   }
   // Neither: a quick tune finds the micro-batch at the precision it trains with.

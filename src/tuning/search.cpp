@@ -282,7 +282,8 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
   } else if (b.best_fit == 0) {
     result.stop_reason = "not even batch size 1 fits";
   } else if (result.hit_max_batch) {
-    result.stop_reason = fmt::format("reached --max-batch {}", options.max_batch());
+    result.stop_reason = fmt::format("reached {} {}", option_name(Option::kMaxBatch, options.front_end()),
+                                     options.max_batch());
   } else if (b.first_fail && closed(b, options)) {
     result.stop_reason = fmt::format("{} fits and {} does not", b.best_fit, *b.first_fail);
   } else if (options.strategy() == SearchStrategy::kPredict) {

@@ -82,7 +82,8 @@ Selection select_batch(const std::vector<SweepRow>& rows, Objective objective, d
               "select_batch: ", to_string(objective),
               " is chosen by select_goodput / select_energy");
   if (!(tolerance >= 0 && tolerance < 1)) {
-    throw Error(fmt::format("--tolerance: must be at least 0 and below 1, got {}", tolerance));
+    throw OptionError(Option::kTolerance,
+                      fmt::format("must be at least 0 and below 1, got {}", tolerance));
   }
   const auto largest = std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
     return a.batch_size < b.batch_size;

@@ -115,14 +115,18 @@ class Pipeline {
       r.budget_note = fmt::format(
           "the run took {:.1f} s against a time budget of {:.0f} s, the {} phase {:.1f} s of "
           "it: a trial's least measurement (its warm-up and one timed step) or a phase that is "
-          "not sliced (the noise run) outlasted what was left; give a larger --time-budget",
-          elapsed, r.time_budget_s, to_string(longest->first), longest->second);
+          "not sliced (the noise run) outlasted what was left; give a larger {}",
+          elapsed, r.time_budget_s, to_string(longest->first), longest->second,
+          name(Option::kTimeBudget));
     }
     reporter_.finished(r);
     return std::move(r);
   }
 
  private:
+  /// `option` as the caller's front end names it.
+  std::string name(Option option) const { return option_name(option, options_.front_end()); }
+
   void check_stop() {
     if (!options_.stop()) return;
     if (auto why = options_.stop()()) throw Stopped{*why};
@@ -149,6 +153,13 @@ class Pipeline {
       choice = *own;
     } else if (requested != AmpMode::kAuto || memory_.device().is_cuda()) {
       choice = resolve_amp_unmeasured(requested, memory_.device());
+      if (requested != AmpMode::kAuto) {
+        // As asked, in the caller's words ("as asked with amp", or where the
+        // value came from: "the Trainer's precision 'bf16-mixed'").
+        choice.reason = fmt::format("amp {}: {}", amp_name(requested),
+                                    as_asked(Option::kAmp, options_.front_end(),
+                                             options_.plan().sources));
+      }
     } else {
       reporter_.phase_started(
           TunePhase::kPrecision,
@@ -352,9 +363,9 @@ class Pipeline {
         r.diagnosis.kind == "small-batch-bound" || r.diagnosis.kind == "memory-bound";
     if (r.search.hit_max_batch && bounded) {
       r.diagnosis = {"max-batch-bound",
-                     fmt::format("max-batch-bound: the search stopped at {}, the --max-batch cap, "
-                                 "before memory ran out; raise --max-batch to try larger batches",
-                                 options_.search().max_batch())};
+                     fmt::format("max-batch-bound: the search stopped at {0}, the {1} cap, "
+                                 "before memory ran out; raise {1} to try larger batches",
+                                 options_.search().max_batch(), name(Option::kMaxBatch))};
     }
     end_phase(TunePhase::kSweep);
     if (r.objective == Objective::kGoodput) {
@@ -419,7 +430,11 @@ class Pipeline {
     PlanRequest request = options_.plan();
     request.micro_batch_size.reset();
     request.plan_file.clear();
-    if (options_.data_parallel() != nullptr) request.world_size = options_.data_parallel()->world_size();
+    // Several processes tuning together plan for their group; one process
+    // plans for the world size it was asked for.
+    if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
+      request.world_size = options_.data_parallel()->world_size();
+    }
     const std::string micro_reason = micro_batch_reason(
         r.selection.batch_size, r.selection.reason, own_max_batch_, r.search.max_batch_size);
     const AmpChoice amp{r.amp, r.amp_reason};
@@ -455,8 +470,12 @@ class Pipeline {
       plan.length_buckets = r.tokens->buckets;
       plan.set_reason(PlanField::kTokenBudget, r.tokens->reason);
     }
+    // The micro-batch this rank's plan took (a smaller one may reach the
+    // target exactly): the selection stays this rank's choice unless the
+    // job's agreement gives another plan.
+    const int64_t planned_micro = plan.micro_batch_size;
     if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
-    if (plan.micro_batch_size != r.selection.batch_size) {
+    if (plan.micro_batch_size != planned_micro) {
       // Data parallel: every rank swept its own device; the job trains rank 0's choice.
       r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
                                         plan.micro_batch_size, r.selection.batch_size);
@@ -532,7 +551,9 @@ class Pipeline {
       r.utilization_note += "; no GPU";
     }
     if (r.utilization_note != r.utilization_details) {
-      r.utilization_note += " (why: utilization_details in --json)";
+      r.utilization_note += options_.front_end() == FrontEnd::kCli
+                                ? " (why: utilization_details in --json)"
+                                : " (why: utilization_details in to_dict())";
     }
   }
 

@@ -59,7 +59,13 @@ ResolvedTuneOptions resolve(const TuneOptions& options) {
   PlanRequest plan = options.plan();
   if (plan.amp) resolved.amp(*plan.amp);
   plan.amp.reset();
+  // One front end: the search's stop reason and the plan's reasons name
+  // options as the tune's caller does.
+  plan.front_end = options.front_end();
   resolved.plan(plan);
+  SearchOptions search_options = options.search();
+  search_options.front_end(options.front_end());
+  resolved.search(search_options);
   return ResolvedTuneOptions(std::move(resolved));
 }
 
@@ -98,7 +104,8 @@ TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch) {
       .search(SearchOptions().max_batch(std::min(max_batch, kDefaultMaxBatch)))
       .time_budget_s(kQuickTuneTimeBudgetSeconds)
       .amp(request.amp.value_or(AmpMode::kAuto))
-      .plan(request);
+      .plan(request)
+      .front_end(request.front_end);
 }
 
 }  // namespace batchtune

@@ -419,3 +419,18 @@ def test_reasons_speak_python_and_say_where_unasked_values_came_from(capsys):
                            memory_limit="32MiB", amp="off", max_batch=16, sweep=False,
                            base_lr=0.1, base_batch=16, target_batch=64, time_budget=20)
     assert any("(base_lr)" in x for x in given.plan.reasons), given.plan.reasons
+
+
+def test_tune_plans_for_the_world_size_it_is_given():
+    """One process planning for a job of two (as the Lightning callback does
+    for its ranks): the plan's global batch counts both."""
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 8, 8)),
+                       memory_limit="32MiB", amp="off", max_batch=16, sweep=False, base_lr=0.1,
+                       base_batch=16, target_batch=64, world_size=2, time_budget=20)
+    plan = r.plan
+    assert plan.world_size == 2
+    assert plan.global_batch_size == plan.micro_batch_size * plan.accumulation_steps * 2 == 64
+    assert any("target_batch 64" in x and "on each of 2 processes" in x for x in plan.reasons), \
+        plan.reasons

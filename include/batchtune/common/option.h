@@ -1,5 +1,7 @@
 #pragma once
 
+#include <map>
+#include <optional>
 #include <string>
 
 #include "batchtune/common/error.h"
@@ -31,15 +33,36 @@ enum class Option {
   kPrefetch,
   kMultipleOf,
   kLr,
-  kWorldSize,
+  kWorldSize,  ///< the last: `kOptionCount` counts up to it
 };
+
+/// How many `Option`s there are (their values run from 0 to this, less one).
+constexpr int kOptionCount = static_cast<int>(Option::kWorldSize) + 1;
 
 /// Who shows a message: the command line or the Python package.
 enum class FrontEnd { kCli, kPython };
 
 /// `option` as `front_end` names it: "--time-budget" on the command line,
 /// "time_budget" in Python.
+/// Throws `c10::Error` (an internal invariant) for an option without a name.
 std::string option_name(Option option, FrontEnd front_end);
+
+/// The option `front_end` calls `name` ("--warmup" or "warmup_steps"), or
+/// nullopt when none is called so.
+std::optional<Option> find_option(const std::string& name, FrontEnd front_end);
+
+/// Where the values of options that the caller did not give came from, in
+/// words for a reason ("the optimizer's lr", "the Trainer's precision
+/// 'bf16-mixed'"): an option without an entry was given as itself.
+using OptionSources = std::map<Option, std::string>;
+
+/// The words for where `option`'s value came from: its entry in `sources`,
+/// else the option as `front_end` names it ("--base-lr", "base_lr").
+std::string option_source(Option option, FrontEnd front_end, const OptionSources& sources);
+
+/// Why a value is what it is when it was given: "as asked with --amp" (with
+/// `front_end`'s name), or the words of its entry in `sources`.
+std::string as_asked(Option option, FrontEnd front_end, const OptionSources& sources);
 
 /// A reference to `option` inside a message, named when the message is shown
 /// (`name_options`); `OptionError` names them in `what()` as the CLI does.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/common/counts.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/precision.h"
 #include "batchtune/data/length_bucket.h"
 #include "batchtune/data/loader_limits.h"
@@ -165,8 +166,6 @@ struct PlanOptions {
   /// The batch `base_lr` belongs to; 0 when unknown: the lr is then taken
   /// as the one for the global batch (not scaled), and the plan warns.
   TORCH_ARG(int64_t, base_batch) = 0;
-  /// What gives `base_batch`, for the warning when it is unknown.
-  TORCH_ARG(std::string, base_batch_flag) = "--base-batch";
   /// Picks the default `lr_scaling`.
   TORCH_ARG(std::string, optimizer) = "adam";
   /// `linear`, `sqrt`, `none`, or empty for the optimizer's default.
@@ -179,17 +178,19 @@ struct PlanOptions {
   TORCH_ARG(int64_t, workers) = kDefaultWorkers;
   TORCH_ARG(bool, pin_memory) = false;
   TORCH_ARG(int64_t, prefetch) = kDefaultPrefetch;
-  /// Where `target_batch`, `base_lr`/`base_batch`, `lr_scaling` and
-  /// `warmup_steps` came from, for the reasons: the flag by default; a plan
-  /// file, or a choice of the tune ("the goodput choice"), otherwise.
-  TORCH_ARG(std::string, target_batch_source) = "--target-batch";
-  TORCH_ARG(std::string, base_lr_source) = "--base-lr";
-  TORCH_ARG(std::string, lr_scaling_source) = "--lr-scaling";
-  TORCH_ARG(std::string, warmup_source) = "--warmup";
+  /// Who reads the reasons and errors: each names the options as this
+  /// front end does (`--target-batch` on the command line, `target_batch`
+  /// from Python).
+  TORCH_ARG(FrontEnd, front_end) = FrontEnd::kCli;
+  /// Where the values not given as their option came from, for the reasons
+  /// (`target_batch`, `base_lr`, `lr_scaling`, `warmup_steps`...): a plan
+  /// file ("the plan p.json"), the optimizer ("the optimizer's lr"); an
+  /// option without an entry is named by `front_end`.
+  TORCH_ARG(OptionSources, sources) = {};
 };
 
-/// Makes a plan, with a reason for each choice. Throws `batchtune::Error`
-/// naming the flag for a value out of range.
+/// Makes a plan, with a reason for each choice. Throws
+/// `batchtune::OptionError` naming the option for a value out of range.
 Plan make_plan(const PlanOptions& options);
 
 /// The scaled learning rate: `base_lr × f(global_batch / base_batch)`.

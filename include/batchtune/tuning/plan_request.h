@@ -37,12 +37,20 @@ struct PlanRequest {
   std::optional<int64_t> multiple_of;
   /// An exact learning rate (`--lr`), not scaled with the global batch.
   std::optional<double> lr;
-  /// Processes of the job: the plan's world size.
+  /// Processes of the job: the plan's world size. A tune over several
+  /// processes (`TuneOptions::data_parallel`) plans for its group's size.
   int64_t world_size = 1;
   /// The optimizer's kind (`adam`, `adamw`, `sgd`: its default lr scaling)
   /// for a tune over a trial subject without a `Workload` (the Python
   /// package's); a workload's plan takes the workload's own.
   std::optional<std::string> optimizer;
+  /// Who asked: the plan's reasons name options as this front end does.
+  /// `resolve` sets it from `TuneOptions::front_end`.
+  FrontEnd front_end = FrontEnd::kCli;
+  /// Where values the caller did not give as their option came from ("the
+  /// optimizer's lr", "the Trainer's precision 'bf16-mixed'"), said by the
+  /// reasons instead of the option's name (see `PlanOptions::sources`).
+  OptionSources sources;
 };
 
 /// Checks the request's values for range; throws `batchtune::Error` naming

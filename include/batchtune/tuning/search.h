@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/common/clock.h"
+#include "batchtune/common/option.h"
 #include "batchtune/step/trial.h"
 
 namespace batchtune {
@@ -49,6 +50,9 @@ struct SearchOptions {
   /// that fitted only before other trials' leftovers (caches, workspaces,
   /// lazily loaded kernels) reopens the search below it.
   TORCH_ARG(bool, confirm) = true;
+  /// Who reads the stop reason ("reached --max-batch 4096"): options named
+  /// as this front end names them (`resolve` sets it from the tune's).
+  TORCH_ARG(FrontEnd, front_end) = FrontEnd::kCli;
 };
 
 /// What a search found. `max_batch_size` is always a size that was tried

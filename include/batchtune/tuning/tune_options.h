@@ -116,6 +116,10 @@ struct TuneOptions {
   TORCH_ARG(StopRequest, stop) = nullptr;
   /// The clock of the time budget (a fake in tests); null for the steady clock.
   TORCH_ARG(ClockPointer, clock) = nullptr;
+  /// Who reads the result: its reasons and notes name options as this front
+  /// end does (`--max-batch` on the command line, `max_batch` from Python).
+  /// `resolve` hands it to the search and the plan request.
+  TORCH_ARG(FrontEnd, front_end) = FrontEnd::kCli;
 };
 
 /// Options checked and completed, the only ones the pipeline takes: made by
@@ -144,7 +148,8 @@ class ResolvedTuneOptions {
 /// eta, noise steps, margin, the search's (max batch, tolerance) and the plan
 /// request's; with a monitor, that energy can be read for the energy
 /// objective — and completes them: the plan request's precision becomes the
-/// one `amp` (the request's is cleared). Throws `batchtune::OptionError`
+/// one `amp` (the request's is cleared), and the search and the plan request
+/// take the options' `front_end`. Throws `batchtune::OptionError`
 /// naming the option.
 ///
 /// Example:
