@@ -4,12 +4,12 @@ sooner than the best fixed batch? `train --adapt` against a grid of fixed
 global batches, from the same seed, each to the same test accuracy.
 
     python bench/adaptive_batch.py [--batchtune build/batchtune] [--repeats 3]
-        [--grid 32,64,128,256] [--start 32] [--json FILE]
+        [--grid 32,64,128,256] [--start 32,64] [--json FILE]
 
 lenet on Fashion-MNIST (`--data fashion-mnist`) to 85 % test accuracy. Each
 fixed way is `train --batch-size G` (the lr scaled from the default 1e-3 at
 batch 64 by the plan's rule, sqrt for Adam); the adaptive way is
-`train --batch-size START --adapt`. All evaluate every `--eval-samples`
+`train --batch-size START --adapt`, from each start of `--start`. All evaluate every `--eval-samples`
 training samples whatever the batch (`--eval-every-samples`), so that no
 way is found late for want of an evaluation, and all run at `--amp off`
 (no precision measurement in the timing). The ways take turns (fixed 32,
@@ -35,7 +35,7 @@ def parse():
     p.add_argument("--batchtune", default="build/batchtune")
     p.add_argument("--repeats", type=int, default=3, help="runs of each way (at least 2)")
     p.add_argument("--grid", default="32,64,128,256", help="the fixed global batches")
-    p.add_argument("--start", type=int, default=32, help="where --adapt starts")
+    p.add_argument("--start", default="32,64", help="where --adapt starts (each a way)")
     p.add_argument("--adapt-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target-accuracy", type=float, default=0.85)
@@ -55,8 +55,9 @@ def run(args, way, out_dir, index):
            "--target-accuracy", str(args.target_accuracy),
            "--eval-every-samples", str(args.eval_samples), "--log-every", "0",
            "--json", path]
-    if way == "adapt":
-        cmd += ["--batch-size", str(args.start), "--adapt", "--adapt-every", str(args.adapt_every)]
+    if isinstance(way, str):  # "adapt:START"
+        cmd += ["--batch-size", way.split(":")[1], "--adapt", "--adapt-every",
+                str(args.adapt_every)]
     else:
         cmd += ["--batch-size", str(way)]
     start = time.monotonic()
@@ -83,7 +84,8 @@ def spread(values):
 
 def main():
     args = parse()
-    ways = [int(g) for g in args.grid.split(",")] + ["adapt"]
+    starts = [int(b) for b in args.start.split(",")]
+    ways = [int(g) for g in args.grid.split(",")] + [f"adapt:{b}" for b in starts]
     runs = {way: [] for way in ways}
     with tempfile.TemporaryDirectory() as out_dir:
         index = 0
@@ -104,26 +106,30 @@ def main():
                    (r.get("target") or {}).get("reached")]
         seconds = [r["seconds_to_target"] for r in reached]
         medians[way] = median(seconds)
-        name = f"fixed batch {way}" if way != "adapt" else f"--adapt from {args.start}"
+        name = f"fixed batch {way}" if isinstance(way, int) else f"--adapt from {way[6:]}"
         s = spread(seconds)
         cell = "-" if not seconds else f"{medians[way]:.2f}" + (f" (±{s * 50:.0f} %)" if s else "")
         print(f"| {name} | {len(reached)} of {len(runs[way])} | "
               f"{median([r['steps_to_target'] for r in reached]) or '-'} | "
               f"{median([r['samples_to_target'] for r in reached]) or '-'} | {cell} | "
               f"{median([r['wall_s'] for r in runs[way]]):.1f} |")
-    fixed = {w: m for w, m in medians.items() if w != "adapt" and m is not None}
-    if fixed and medians["adapt"] is not None:
-        best = min(fixed, key=fixed.get)
-        print(f"\n--adapt / best fixed (batch {best}): "
-              f"{medians['adapt'] / fixed[best]:.2f}x the training time to the target")
-    adapt_runs = sorted((r for r in runs["adapt"] if r.get("seconds_to_target") is not None),
-                        key=lambda r: r["seconds_to_target"])
-    if adapt_runs:
-        middle = adapt_runs[len(adapt_runs) // 2]
-        print("\nschedule of the median --adapt run (step: global batch, lr, noise scale):")
-        for c in middle.get("batch_schedule", []):
-            noise = f"{c['noise_scale']:.0f}" if c.get("noise_scale") is not None else "-"
-            print(f"- {c['step']}: {c['global_batch_size']}, lr {c['lr']:.3g}, noise {noise}")
+    fixed = {w: m for w, m in medians.items() if isinstance(w, int) and m is not None}
+    best = min(fixed, key=fixed.get) if fixed else None
+    for way in ways:
+        if isinstance(way, int):
+            continue
+        if best is not None and medians[way] is not None:
+            print(f"\n--adapt from {way[6:]} / best fixed (batch {best}): "
+                  f"{medians[way] / fixed[best]:.2f}x the training time to the target")
+        adapt_runs = sorted((r for r in runs[way] if r.get("seconds_to_target") is not None),
+                            key=lambda r: r["seconds_to_target"])
+        if adapt_runs:
+            middle = adapt_runs[len(adapt_runs) // 2]
+            print(f"\nschedule of the median run from {way[6:]} (step: global batch, lr, noise "
+                  "scale):")
+            for c in middle.get("batch_schedule", []):
+                noise = f"{c['noise_scale']:.0f}" if c.get("noise_scale") is not None else "-"
+                print(f"- {c['step']}: {c['global_batch_size']}, lr {c['lr']:.3g}, noise {noise}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({str(w): r for w, r in runs.items()}, f, indent=1)
