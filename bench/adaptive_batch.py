@@ -19,6 +19,13 @@ medians of the runs that reached the target. `seconds_to_target` is
 training time only (evaluation excluded); the wall column is the whole
 command. The adaptive run of median time prints its schedule (step, global
 batch, lr, noise scale).
+
+`--task gpt`: gpt on a text folder (`--text DIR`, default
+/usr/share/common-licenses) to a training loss (`--target-loss`, the mean
+of the last 10 steps), the global batch counted in real tokens per step: the
+plan is tuned once (`tune --data text:DIR --memory-limit`, its token budget
+what fits) and every way trains from it, fixed ways at `--target-tokens G`
+for each G of the grid, adaptive ways `--target-tokens START --adapt`.
 """
 import argparse
 import json
@@ -42,10 +49,52 @@ def parse():
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--eval-samples", type=int, default=3200)
     p.add_argument("--json", default=None)
+    p.add_argument("--task", choices=["lenet", "gpt"], default="lenet")
+    p.add_argument("--text", default="/usr/share/common-licenses", help="gpt: the text folder")
+    p.add_argument("--target-loss", type=float, default=2.0, help="gpt: the training loss")
+    p.add_argument("--memory-limit", default="256MiB", help="gpt: the tune's memory")
     args = p.parse_args()
+    if args.task == "gpt" and "--grid" not in sys.argv:
+        args.grid = "256,512,1024,2048"
+    if args.task == "gpt" and "--start" not in sys.argv:
+        args.start = "256"
     if args.repeats < 2:
         p.error("--repeats: at least 2 (a single run says nothing of its spread)")
     return args
+
+
+def tune_text(args, out_dir):
+    """The plan every gpt way starts from: tuned once, so all share one budget."""
+    path = os.path.join(out_dir, "plan.json")
+    cmd = [args.batchtune, "tune", "--model", "gpt", "--data", f"text:{args.text}",
+           "--amp", "off", "--memory-limit", args.memory_limit, "--seed", str(args.seed),
+           "--json", path]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
+    return path
+
+
+def run_text(args, way, plan, out_dir, index):
+    path = os.path.join(out_dir, f"{index}.json")
+    cmd = [args.batchtune, "train", "--data", f"text:{args.text}", "--model", "gpt",
+           "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(args.seed),
+           "--epochs", str(args.epochs), "--target-loss", str(args.target_loss),
+           "--log-every", "0", "--json", path]
+    if isinstance(way, str):  # "adapt:START"
+        cmd += ["--target-tokens", way.split(":")[1], "--adapt", "--adapt-every",
+                str(args.adapt_every)]
+    else:
+        cmd += ["--target-tokens", str(way)]
+    start = time.monotonic()
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall = time.monotonic() - start
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
+    with open(path) as f:
+        summary = json.load(f)
+    summary["wall_s"] = wall
+    return summary
 
 
 def run(args, way, out_dir, index):
@@ -87,31 +136,43 @@ def main():
     starts = [int(b) for b in args.start.split(",")]
     ways = [int(g) for g in args.grid.split(",")] + [f"adapt:{b}" for b in starts]
     runs = {way: [] for way in ways}
+    text = args.task == "gpt"
     with tempfile.TemporaryDirectory() as out_dir:
+        plan = tune_text(args, out_dir) if text else None
         index = 0
         for _ in range(args.repeats):
             for way in ways:
-                runs[way].append(run(args, way, out_dir, index))
+                runs[way].append(run_text(args, way, plan, out_dir, index) if text
+                                 else run(args, way, out_dir, index))
                 index += 1
                 print(f"{way}: {runs[way][-1].get('seconds_to_target')}", file=sys.stderr)
 
-    print(f"lenet on Fashion-MNIST to {args.target_accuracy * 100:.0f} % test accuracy "
-          f"(evaluated every {args.eval_samples} samples, at most {args.epochs} epochs); "
-          f"medians of {args.repeats} runs that reached it\n")
-    print("| way | reached | steps | samples | train s to target (spread) | wall s |")
+    if text:
+        print(f"gpt on {args.text} to a training loss of {args.target_loss} (mean of 10 steps, "
+              f"at most {args.epochs} epochs), the batch in real tokens per step; medians of "
+              f"{args.repeats} runs that reached it\n")
+        print("| way | reached | steps | tokens | train s to target (spread) | wall s |")
+    else:
+        print(f"lenet on Fashion-MNIST to {args.target_accuracy * 100:.0f} % test accuracy "
+              f"(evaluated every {args.eval_samples} samples, at most {args.epochs} epochs); "
+              f"medians of {args.repeats} runs that reached it\n")
+        print("| way | reached | steps | samples | train s to target (spread) | wall s |")
     print("|---|---:|---:|---:|---:|---:|")
+    amount = "tokens" if text else "samples_to_target"
     medians = {}
     for way in ways:
         reached = [r for r in runs[way] if r.get("target_reached") or
                    (r.get("target") or {}).get("reached")]
         seconds = [r["seconds_to_target"] for r in reached]
         medians[way] = median(seconds)
-        name = f"fixed batch {way}" if isinstance(way, int) else f"--adapt from {way[6:]}"
+        unit = " tokens" if text else ""
+        name = (f"fixed batch {way}{unit}" if isinstance(way, int)
+                else f"--adapt from {way[6:]}{unit}")
         s = spread(seconds)
         cell = "-" if not seconds else f"{medians[way]:.2f}" + (f" (±{s * 50:.0f} %)" if s else "")
         print(f"| {name} | {len(reached)} of {len(runs[way])} | "
               f"{median([r['steps_to_target'] for r in reached]) or '-'} | "
-              f"{median([r['samples_to_target'] for r in reached]) or '-'} | {cell} | "
+              f"{median([r[amount] for r in reached]) or '-'} | {cell} | "
               f"{median([r['wall_s'] for r in runs[way]]):.1f} |")
     fixed = {w: m for w, m in medians.items() if isinstance(w, int) and m is not None}
     best = min(fixed, key=fixed.get) if fixed else None

@@ -15,6 +15,15 @@ void run_at(BatchAdapter& adapter, int64_t batch, double samples_per_s) {
   adapter.observe(batch, 1.0, static_cast<int64_t>(samples_per_s));
 }
 
+TEST(BatchAdapter, ANegativeNoiseEstimateCountsAsNoNoise) {
+  // An early estimate below 0 (a difference of noisy norms) is no noise: a
+  // larger batch is no more efficient, and the decision does not fail.
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  adapter.observe(64, 1.0, 6400);
+  EXPECT_FALSE(adapter.decide(50, 64, -0.8, 10).has_value());
+  EXPECT_FALSE(adapter.decide(100, 64, -0.8, 10, NoiseInterval{0, 0}).has_value());
+}
+
 TEST(BatchAdapter, WaitsForEnoughNoiseMeasurements) {
   BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
   run_at(adapter, 64, 1000);

@@ -172,6 +172,44 @@ TEST(NoiseScale, MeasuringLeavesTheGradientsOfOneLogicalBatch) {
   EXPECT_NEAR(*estimator.trace_covariance(), expected_trace, 1e-4 * std::abs(expected_trace));
 }
 
+TEST(NoiseScale, AWeightedStepMeasuresItsFirstMicroBatchAgainstTheWholeStep) {
+  // Token steps: micro-batches of any sizes, each weighted by its share.
+  const auto data = toy_data(64, 4);
+  const std::vector<Batch> micro = {data->get_batch({0, 1, 2, 3, 4, 5}),
+                                    data->get_batch({6, 7, 8, 9, 10, 11, 12, 13, 14, 15}),
+                                    data->get_batch({16, 17, 18, 19})};
+  const std::vector<double> weights = {0.3, 0.5, 0.2};
+  const c10::Device cpu(c10::kCPU);
+
+  Workload plain = mlp();
+  TrainingStep plain_step(plain, cpu, StepOptions().measure_noise_scale(true));
+  const double plain_loss = plain_step.backward_weighted(micro, weights).item<double>();
+  EXPECT_EQ(plain_step.noise_scale().estimator().measurements(), 0) << "no sizes, no measurement";
+
+  Workload first = mlp();  // the first micro-batch alone: the small gradient
+  TrainingStep(first, cpu).backward_weighted({micro[0]}, {1.0});
+
+  Workload measured = mlp();
+  TrainingStep measuring(measured, cpu, StepOptions().measure_noise_scale(true));
+  const double measured_loss =
+      measuring.backward_weighted(micro, weights, {30, 50, 20}).item<double>();
+  EXPECT_NEAR(measured_loss, plain_loss, 1e-6);
+  const auto a = plain.model().parameters();
+  const auto b = measured.model().parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::allclose(a[i].grad(), b[i].grad(), 1e-5, 1e-7))
+        << "parameter " << i << ": measuring changed the step's gradient";
+  }
+  const NoiseScaleEstimator& estimator = measuring.noise_scale().estimator();
+  ASSERT_EQ(estimator.measurements(), 1);
+  const double small = squared_gradient_norm(first.model().parameters()).item<double>();
+  const double big = squared_gradient_norm(a).item<double>();
+  const double expected_trace = (small - big) / (1.0 / 30 - 1.0 / 100);
+  EXPECT_NEAR(*estimator.trace_covariance(), expected_trace, 1e-4 * std::abs(expected_trace));
+  EXPECT_THROW(measuring.backward_weighted({micro[0]}, {1.0}, {30}), c10::Error)
+      << "one micro-batch has nothing to measure against";
+}
+
 TEST(NoiseScale, TrainerLogsItAndPutsItInTheSummary) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{1} << 30);
   const auto data = toy_data(512, 2);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <set>
@@ -343,6 +344,122 @@ TEST(TokenTrainer, ABadTargetLossIsRefusedNamingTheFlag) {
     const std::string message = error_of([&] { train_to_loss(text, bad, clock); });
     EXPECT_NE(message.find("--target-loss"), std::string::npos) << bad << ": " << message;
   }
+}
+
+/// A token-budget run of a small gpt whose step takes 1 s of a fake clock
+/// whatever its tokens: more tokens a step are that much faster per token.
+struct TokenRunSetup {
+  std::unique_ptr<DeviceMemory> memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  Workload workload{WorkloadOptions()
+                        .model("gpt")
+                        .input_spec(parse_input_flags(InputFlags().inputs({"int64:16..64"}).vocab(256)))
+                        .gpt(GptOptions().layers(1).heads(2).width(32))
+                        .seed(3)};
+  Plan plan;
+  testing::FakeClock clock;
+
+  TokenRunSetup() {
+    plan.token_budget = 1024;
+    for (int64_t bound : length_bucket_bounds({16, 64})) {
+      plan.length_buckets.push_back({bound, plan.token_budget / bound});
+    }
+    plan.lr = 1e-2;
+    plan.lr_scaling = LrScaling::kSqrt;
+  }
+  TrainSummary run(const TextDataset& text, TokenTrainOptions options,
+                   std::vector<TrainEvent>* events = nullptr) {
+    return train_by_tokens(
+        workload, *memory, plan, text, options.seed(2).clock(&clock),
+        [&](const TrainEvent& e) {
+          if (events != nullptr) events->push_back(e);
+        },
+        [&](int64_t) { clock.advance(1); });
+  }
+};
+
+TEST(TokenTrainer, FewerTargetTokensThanTheBudgetMakeSmallerMicroBatches) {
+  TextFolder folder("small-target", {16, 64}, 200, 10);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  const TrainSummary s = setup.run(text, TokenTrainOptions().steps(6).target_tokens(256));
+  EXPECT_EQ(s.token_budget, 256) << "micro-batches of the step's size, not the plan's 1024";
+  EXPECT_EQ(s.target_tokens, 256);
+  EXPECT_GE(s.tokens, 6 * 256);
+  // A step stops once it holds its target: at most one micro-batch of 256
+  // padded tokens past it (at the plan's budget a step held up to 1024).
+  EXPECT_LT(s.tokens, 6 * 2 * 256);
+  ASSERT_TRUE(s.noise_scale.has_value()) << "the noise scale in tokens is measured by default";
+  EXPECT_TRUE(s.batch_schedule.empty()) << "no schedule without --adapt";
+}
+
+TEST(TokenTrainer, AdaptGrowsTheTokensPerStepFromTheNextStepTrainingEverySampleOnce) {
+  TextFolder folder("adapt", {16, 64}, 600, 11);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  std::vector<TrainEvent> events;
+  const TrainSummary s = setup.run(
+      text,
+      TokenTrainOptions().epochs(1).target_tokens(128).log_every(1).adapt(true).adapt_options(
+          AdaptOptions().every(5)),
+      &events);
+
+  ASSERT_GE(s.batch_schedule.size(), 2u) << "more tokens a step, as fast a step, are taken";
+  const BatchChange& start = s.batch_schedule.front();
+  EXPECT_EQ(start.step, 0);
+  EXPECT_EQ(start.global_batch_size, 128);
+  EXPECT_EQ(start.micro_batch_size, 128);
+  EXPECT_EQ(start.lr, 1e-2);
+  std::map<int64_t, const BatchChange*> changes;  // by the first step they train
+  for (size_t i = 1; i < s.batch_schedule.size(); ++i) {
+    const BatchChange& c = s.batch_schedule[i];
+    EXPECT_EQ(c.step % 5, 0) << "decisions every 5 steps";
+    EXPECT_GE(c.global_batch_size, 128);
+    EXPECT_LE(c.global_batch_size, 128 * kDefaultAdaptGrowth);
+    EXPECT_EQ(c.micro_batch_size, std::min<int64_t>(c.global_batch_size, 1024))
+        << "micro-batches follow up to the plan's budget";
+    EXPECT_TRUE(c.noise_scale.has_value());
+    EXPECT_NE(c.reason.find("tokens/s"), std::string::npos) << c.reason;
+    changes[c.step + 1] = &c;
+  }
+  int64_t change_events = 0;
+  int64_t larger_at_once = 0;
+  int64_t budget = start.micro_batch_size;
+  for (const auto& e : events) {
+    change_events += e.kind == TrainEvent::Kind::kBatchChange ? 1 : 0;
+    if (e.kind != TrainEvent::Kind::kLog) continue;
+    // The step after a change trains micro-batches of its budget already:
+    // the rest of the epoch was batched anew.
+    const auto it = changes.find(e.step);
+    if (it != changes.end()) {
+      EXPECT_LE(e.micro_batch_size, it->second->micro_batch_size) << "step " << e.step;
+      larger_at_once += e.micro_batch_size > budget ? 1 : 0;
+      budget = it->second->micro_batch_size;
+    }
+    EXPECT_LE(e.micro_batch_size, budget) << "step " << e.step;
+  }
+  EXPECT_GT(larger_at_once, 0) << "a larger budget shows in the very next step";
+  EXPECT_EQ(change_events, static_cast<int64_t>(s.batch_schedule.size()) - 1);
+  EXPECT_EQ(s.target_tokens, s.batch_schedule.back().global_batch_size);
+  // The epoch's rest is batched anew at each change: every sample once.
+  EXPECT_EQ(s.samples, text.size());
+  int64_t tokens = 0;
+  for (int64_t l : text.lengths()) tokens += l;
+  EXPECT_EQ(s.tokens, tokens);
+  EXPECT_DOUBLE_EQ(s.epochs, 1.0);
+}
+
+TEST(TokenTrainer, AdaptIsRefusedWithFixedBatchesOrWithoutTheNoiseScale) {
+  TextFolder folder("adapt-bad", {16, 64}, 40, 12);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  const std::string fixed = error_of([&] {
+    setup.run(text, TokenTrainOptions().steps(2).fixed_batch_size(2).pad_to(64).adapt(true));
+  });
+  EXPECT_EQ(fixed.rfind("--adapt:", 0), 0u) << fixed;
+  const std::string no_noise = error_of([&] {
+    setup.run(text, TokenTrainOptions().steps(2).measure_noise_scale(false).adapt(true));
+  });
+  EXPECT_EQ(no_noise.rfind("--adapt:", 0), 0u) << no_noise;
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // `batchtune train` and `batchtune plan` from the command line.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -92,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "--adapt-max-batch"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt --no-noise-scale",
                       "--adapt"},
-        BadTrainInput{"train --data text:/tmp --adapt", "--adapt"},
+        BadTrainInput{"train --data text:/tmp --adapt --batch-size 4", "--adapt"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every-samples 100",
                       "--eval-every-samples"},
         BadTrainInput{"plan --plan /nonexistent/plan.json", "--plan"}));
@@ -121,6 +122,12 @@ TEST(TrainCli, AdaptWritesItsBatchScheduleAndLogsEveryChange) {
     ++lines;
   }
   EXPECT_EQ(lines, schedule.size() - 1) << r.output;
+  // The summary shows the batch and lr over the steps.
+  EXPECT_NE(r.output.find(fmt::format("--adapt: {} change(s) of the global batch:",
+                                      schedule.size() - 1)),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("  steps 1-"), std::string::npos) << r.output;
 }
 
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {
@@ -345,6 +352,26 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
   EXPECT_EQ(j["token_budget"], tune_json["plan"]["token_budget"]);
   EXPECT_LE(j["padded_tokens"].get<int64_t>(), j["steps"].get<int64_t>() * 2 *
                                                    j["token_budget"].get<int64_t>());
+  // --adapt from 64 real tokens a step: its schedule in tokens, each change a log line.
+  const auto adapted = run_cli("train --plan " + plan + gpt +
+                               " --target-tokens 64 --adapt --adapt-every 5 --json -");
+  ASSERT_EQ(adapted.exit_code, 0) << adapted.output;
+  const auto a = nlohmann::json::parse(adapted.output.substr(adapted.output.find("\n{") + 1));
+  ASSERT_TRUE(a.contains("batch_schedule")) << adapted.output;
+  const auto& schedule = a["batch_schedule"];
+  ASSERT_GE(schedule.size(), 1U);
+  EXPECT_EQ(schedule[0]["global_batch_size"], 64);
+  EXPECT_EQ(a["target_tokens"], schedule.back()["global_batch_size"]);
+  EXPECT_EQ(a["samples"], 200) << "every sample once, whatever the changes";
+  size_t lines = 0;
+  const std::string change_line = "real tokens per step (micro-batches of";
+  for (size_t at = adapted.output.find(change_line); at != std::string::npos;
+       at = adapted.output.find(change_line, at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, schedule.size() - 1) << adapted.output;
+  EXPECT_NE(adapted.output.find("change(s) of the global batch (in tokens):"), std::string::npos)
+      << adapted.output;
   if (std::system(("rm -rf '" + dir + "'").c_str()) != 0) ADD_FAILURE() << "rm -rf " << dir;
 }
 

@@ -139,13 +139,19 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
           .pad_to(fixed ? range->max : 0)
           .target_loss(cmd.count("--target-loss") > 0 ? std::optional<double>(flags.target_loss)
-                                                      : std::nullopt),
+                                                      : std::nullopt)
+          .measure_noise_scale(!flags.no_noise_scale)
+          .adapt(flags.adapt)
+          .adapt_options(AdaptOptions()
+                             .every(flags.adapt_every)
+                             .max_global_batch(flags.adapt_max_batch)),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
           out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",
                              e.step, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.message);
         } else if (e.kind == TrainEvent::Kind::kOomRecovery ||
-                   e.kind == TrainEvent::Kind::kTargetReached) {
+                   e.kind == TrainEvent::Kind::kTargetReached ||
+                   e.kind == TrainEvent::Kind::kBatchChange) {
           out << e.message << "\n";
         }
         out << std::flush;
@@ -225,9 +231,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
                 "drop one of them");
   }
-  if (flags.adapt && text) {
-    throw Error("--adapt: adapts batches of samples (images, Fashion-MNIST) for now; with --data "
-                "text:DIR give --target-tokens");
+  if (flags.adapt && text && cmd.count("--batch-size") > 0) {
+    throw Error("--adapt: with --data text:DIR it moves the real tokens per step of a token "
+                "budget; leave out --batch-size (fixed batches), or --adapt");
   }
   if (flags.resume && flags.checkpoint.empty()) {
     throw Error("--resume: needs --checkpoint DIR to resume from");
@@ -457,13 +463,14 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_flag("--adapt", flags->adapt,
                 "adapt the global batch and lr to the gradient noise scale as training goes: "
                 "starts at the plan's (or --batch-size's) batch, grows where goodput says "
-                "(the JSON's batch_schedule)");
+                "(the JSON's batch_schedule); with --data text:DIR, the real tokens per step "
+                "from --target-tokens");
   cmd->add_option("--adapt-every", flags->adapt_every,
                   "--adapt: optimizer steps between two decisions")
       ->capture_default_str();
   cmd->add_option("--adapt-max-batch", flags->adapt_max_batch,
-                  fmt::format("--adapt: the largest global batch (0: {} x the starting batch, "
-                              "within the data)",
+                  fmt::format("--adapt: the largest global batch, in tokens for --data text "
+                              "(0: {} x the starting batch, within the data)",
                               kDefaultAdaptGrowth));
   cmd->add_flag("--memory-summary", flags->memory_summary,
                 "print the device allocator's statistics at the end");

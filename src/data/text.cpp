@@ -174,6 +174,10 @@ std::vector<TokenBatch> LengthBucketSampler::epoch(int64_t epoch) const {
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed_ * 1000003 + static_cast<uint64_t>(epoch));
   std::shuffle(order.begin(), order.end(), rng);
+  return batches(order);
+}
+
+std::vector<TokenBatch> LengthBucketSampler::batches(const std::vector<int64_t>& order) const {
   struct Open {
     TokenBatch batch;
     int64_t longest = 0;

@@ -223,6 +223,20 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
                  : fmt::format("target {}: not reached in {} steps\n",
                                describe_target(*s.target), s.steps));
   }
+  if (!s.batch_schedule.empty()) {
+    // --adapt: the global batch and lr over the steps, one line per change.
+    out_ << fmt::format("--adapt: {} change(s) of the global batch{}:\n",
+                        s.batch_schedule.size() - 1, s.target_tokens > 0 ? " (in tokens)" : "");
+    for (size_t i = 0; i < s.batch_schedule.size(); ++i) {
+      const BatchChange& c = s.batch_schedule[i];
+      const int64_t until = i + 1 < s.batch_schedule.size() ? s.batch_schedule[i + 1].step : s.steps;
+      out_ << fmt::format("  steps {}-{}: global batch {} ({} x {}), lr {:.3g}{}\n", c.step + 1,
+                          until, c.global_batch_size, c.micro_batch_size, c.accumulation_steps,
+                          c.lr,
+                          c.noise_scale ? fmt::format(", noise scale {:.0f}", *c.noise_scale)
+                                        : std::string());
+    }
+  }
   if (!s.complete) {
     out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
                         s.interrupted_by, s.steps);

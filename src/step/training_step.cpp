@@ -71,11 +71,18 @@ bool TrainingStep::apply(std::optional<double> lr) {
 }
 
 at::Tensor TrainingStep::backward_weighted(const std::vector<Batch>& micro_batches,
-                                           const std::vector<double>& weights) {
+                                           const std::vector<double>& weights,
+                                           const std::vector<int64_t>& noise_sizes) {
   TORCH_CHECK(!micro_batches.empty() && micro_batches.size() == weights.size(),
               "TrainingStep: one weight per micro-batch");
+  const bool measure = !noise_sizes.empty();
+  TORCH_CHECK(!measure || (noise_sizes.size() == micro_batches.size() && micro_batches.size() >= 2),
+              "TrainingStep: a noise measurement needs two micro-batches and one size each");
   workload_.optimizer().zero_grad(/*set_to_none=*/true);
   try {
+    const std::vector<at::Tensor> parameters =
+        measure ? workload_.model().parameters() : std::vector<at::Tensor>{};
+    at::Tensor small_sq;
     at::Tensor loss_sum;
     for (size_t i = 0; i < micro_batches.size(); ++i) {
       const Batch batch = to_device(micro_batches[i], device_);
@@ -84,11 +91,26 @@ at::Tensor TrainingStep::backward_weighted(const std::vector<Batch>& micro_batch
         AutocastGuard autocast(device_.type(), options_.amp());
         loss = workload_.compute_loss(batch);
       }
-      scaler_.scale(loss * weights[i]).backward();
+      // Measuring: the first micro-batch's gradient alone, its norm taken,
+      // then weighted by its share like the others.
+      const bool first_alone = measure && i == 0;
+      scaler_.scale(first_alone ? loss : loss * weights[i]).backward();
+      if (first_alone) {
+        small_sq = squared_gradient_norm(parameters);
+        std::vector<at::Tensor> grads = defined_gradients(parameters);
+        if (!grads.empty()) at::_foreach_mul_(grads, at::Scalar(weights[0]));
+      }
       at::Tensor part = loss.detach();
       if (part.scalar_type() != at::kFloat) part = part.to(at::kFloat);
       part = part * weights[i];
       loss_sum = loss_sum.defined() ? loss_sum + part : part;
+    }
+    if (measure) {
+      int64_t total = 0;
+      for (int64_t size : noise_sizes) total += size;
+      noise_.add(noise_sizes.front(), std::move(small_sq), total,
+                 squared_gradient_norm(parameters),
+                 scaler_.enabled() ? scaler_.current_scale() : 1.0);
     }
     return loss_sum;
   } catch (...) {

@@ -32,6 +32,17 @@ BatchChange batch_change_from_json(const nlohmann::json& j) {
   return c;
 }
 
+double LrRamp::at(int64_t step, double to) const {
+  if (start < 0 || step >= start + kAdaptLrRampSteps) return to;
+  const double t = static_cast<double>(step - start + 1) / kAdaptLrRampSteps;
+  return from + (to - from) * t;
+}
+
+void LrRamp::restart(int64_t step, double lr_before) {
+  from = lr_before;
+  start = step;
+}
+
 BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling,
                            int64_t world_size, AdaptOptions options)
     : base_batch_(base_batch),
@@ -127,7 +138,9 @@ std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_bat
   if (!noise_scale || measurements < options_.min_measurements()) return std::nullopt;
   const std::optional<double> here = speed(global_batch);
   if (!here) return std::nullopt;
-  const double ns = *noise_scale;
+  // Early estimates can dip below 0 (a trace estimate is a difference of
+  // noisy norms): no measurable noise.
+  const double ns = std::max(0.0, *noise_scale);
   // The cautious end of the estimate for each direction: a larger batch pays
   // only where the noise is high, a smaller one only where it is low.
   const double low = interval ? std::min(interval->low, ns) : ns;
@@ -137,8 +150,8 @@ std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_bat
                              high, measurements)
                : fmt::format("noise scale {:.0f}, {} measurements", ns, measurements);
   const auto words = [&](int64_t batch, double samples_per_s, double at) {
-    return fmt::format("global batch {}: {:.0f} samples/s x efficiency {:.3f} = {:.0f}", batch,
-                       samples_per_s,
+    return fmt::format("global batch {}: {:.0f} {}/s x efficiency {:.3f} = {:.0f}", batch,
+                       samples_per_s, options_.unit(),
                        statistical_efficiency(at, static_cast<double>(base_batch_),
                                               static_cast<double>(batch)),
                        goodput(batch, at, samples_per_s));

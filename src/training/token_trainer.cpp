@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/size.h"
 #include "batchtune/memory/device_memory.h"
@@ -64,34 +65,110 @@ std::vector<TokenBatch> within(const std::vector<TokenBatch>& batches, int64_t b
   return out;
 }
 
-}  // namespace
+/// One token-budget run: the epochs' micro-batches grouped into optimizer
+/// steps by their real tokens, trained with out-of-memory recovery, and
+/// (`--adapt`) the tokens per step moved by goodput.
+class TokenRun {
+ public:
+  TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan, const TextDataset& data,
+           const TokenTrainOptions& options, const TrainCallback& callback,
+           const std::function<void(int64_t)>& before_step);
+  TrainSummary run();
 
-TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Plan& plan,
-                             const TextDataset& data, const TokenTrainOptions& options,
-                             const TrainCallback& callback,
-                             const std::function<void(int64_t)>& before_step) {
-  const bool fixed = options.fixed_batch_size() > 0;
-  if (!fixed && plan.token_budget < 1) {
+ private:
+  /// The micro-batches of the next optimizer step, from `micro_[next_]` on.
+  std::vector<TokenBatch> next_group();
+  /// Trains `group` (retried in smaller micro-batches on an out-of-memory);
+  /// returns its loss.
+  at::Tensor train_group(std::vector<TokenBatch>& group, int64_t group_tokens);
+  /// After an out-of-memory: half the budget, or an error when a single
+  /// sample did not fit.
+  void shrink_budget(const c10::Error& e, int64_t group_tokens);
+  /// `--adapt`: times the window since the last decision and decides.
+  void adapt();
+  /// The budget micro-batches are filled to for `target` real tokens a step.
+  int64_t budget_for(int64_t target) const {
+    return std::min(cap_, std::max(longest_, target));
+  }
+  /// A log event after the step that trained `group`.
+  void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
+  /// True when the moving mean loss reached `--target-loss`.
+  bool reached_target(double loss);
+  void emit(TrainEvent event) const {
+    if (callback_) callback_(event);
+  }
+
+  Workload& workload_;
+  DeviceMemory& memory_;
+  const Plan& plan_;
+  const TextDataset& data_;
+  const TokenTrainOptions& options_;
+  const TrainCallback& callback_;
+  const std::function<void(int64_t)>& before_step_;
+  const Clock& clock_;
+  const bool fixed_;
+  const std::vector<int64_t>& lengths_;
+  const int64_t longest_;  // the longest sample the data may hold
+  int64_t pad_to_ = 0;
+  /// The most padded tokens a micro-batch may hold (halved by an
+  /// out-of-memory), and the budget micro-batches are filled to.
+  int64_t cap_ = 0;
+  int64_t budget_ = 0;
+  /// Real tokens an optimizer step gathers (0: `group_size_` micro-batches).
+  int64_t target_tokens_ = 0;
+  int64_t group_size_ = 0;
+  std::optional<LengthBucketSampler> sampler_;
+  TrainingStep step_;
+  TrainSummary summary_;
+  int64_t epoch_ = 0;
+  std::vector<TokenBatch> micro_;  // this epoch's micro-batches
+  size_t next_ = 0;
+  int64_t epoch_samples_ = 0;
+  double start_s_ = 0;
+  double loss_since_log_ = 0;
+  int64_t steps_since_log_ = 0;
+  std::deque<double> window_;  // the last `loss_window` steps' losses
+  double window_sum_ = 0;
+  // --adapt: the policy, the changes, the lr and its ramp, the window timed.
+  std::optional<BatchAdapter> adapter_;
+  double lr_ = 0;
+  LrRamp ramp_;
+  double mark_s_ = 0;
+  int64_t mark_tokens_ = 0;
+  bool window_clean_ = true;
+};
+
+TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
+                   const TextDataset& data, const TokenTrainOptions& options,
+                   const TrainCallback& callback, const std::function<void(int64_t)>& before_step)
+    : workload_(workload),
+      memory_(memory),
+      plan_(plan),
+      data_(data),
+      options_(options),
+      callback_(callback),
+      before_step_(before_step),
+      clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
+      fixed_(options.fixed_batch_size() > 0),
+      lengths_(data.lengths()),
+      longest_(data.length_range().max),
+      step_(workload, memory.device(),
+            StepOptions()
+                .amp(plan.amp)
+                .measure_noise_scale(options.measure_noise_scale())
+                .noise_scale_every(options.adapt() ? kAdaptNoiseEvery
+                                                   : kNoiseScaleEveryWithoutAccumulation)),
+      lr_(plan.lr) {
+  if (!fixed_ && plan.token_budget < 1) {
     throw Error("--plan: training by tokens needs a plan with a token_budget (tune with --input "
                 "int64:MIN..MAX)");
   }
   if (options.epochs() < 1 && options.steps() < 1) {
     throw Error("--epochs/--steps: give at least 1 epoch or step");
   }
-  const std::vector<int64_t>& lengths = data.lengths();
-  const int64_t pad_to = fixed ? std::max(options.pad_to(), data.length_range().max) : 0;
-  std::optional<LengthBucketSampler> sampler;
-  if (!fixed) sampler.emplace(lengths, plan.length_buckets, plan.token_budget, options.seed());
-  int64_t budget = fixed ? options.fixed_batch_size() * pad_to : plan.token_budget;
   if (options.target_tokens() < 0) {
     throw Error(fmt::format("--target-tokens: must be at least 1, got {}", options.target_tokens()));
   }
-  // Fixed batches without a token target: the plan's micro-batches per step
-  // (one for --batch-size), never more on account of their padding.
-  const int64_t group_size =
-      fixed && options.target_tokens() == 0 ? std::max<int64_t>(1, plan.accumulation_steps) : 0;
-  const int64_t target_tokens =
-      options.target_tokens() > 0 ? options.target_tokens() : group_size > 0 ? 0 : budget;
   if (const auto& target = options.target_loss()) {
     if (!(std::isfinite(*target) && *target > 0)) {
       throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}", *target));
@@ -101,170 +178,314 @@ TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Pla
     throw Error(fmt::format("--target-loss: the loss window must be at least 1 step, got {}",
                             options.loss_window()));
   }
-  const Clock& clock = options.clock() != nullptr ? *options.clock() : steady_clock();
-
   check_amp_device(plan.amp, memory.device(), "a plan's \"amp\" (or --amp)");
-  TrainingStep step(workload, memory.device(), StepOptions().amp(plan.amp));
-  TrainSummary summary;
-  summary.world_size = 1;
-  if (options.target_loss()) summary.target = TrainTarget{"train_loss", *options.target_loss()};
-  const double start = clock.now_s();
-  double loss_since_log = 0;
-  int64_t steps_since_log = 0;
-  std::deque<double> window;  // the last `loss_window` steps' losses
-  double window_sum = 0;
-  const int64_t epochs = options.steps() > 0 ? std::numeric_limits<int64_t>::max() : options.epochs();
-  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
-    std::vector<TokenBatch> micro =
-        fixed ? fixed_batches(lengths, options.fixed_batch_size(), pad_to, options.seed(), epoch)
-              : sampler->epoch(epoch);
-    size_t next = 0;
-    while (next < micro.size()) {
-      if (options.steps() > 0 && summary.steps >= options.steps()) break;
+  pad_to_ = fixed_ ? std::max(options.pad_to(), longest_) : 0;
+  cap_ = fixed_ ? options.fixed_batch_size() * pad_to_ : plan.token_budget;
+  // Fixed batches without a token target: the plan's micro-batches per step
+  // (one for --batch-size), never more on account of their padding.
+  group_size_ =
+      fixed_ && options.target_tokens() == 0 ? std::max<int64_t>(1, plan.accumulation_steps) : 0;
+  target_tokens_ =
+      options.target_tokens() > 0 ? options.target_tokens() : group_size_ > 0 ? 0 : cap_;
+  budget_ = fixed_ ? cap_ : budget_for(target_tokens_);
+  if (!fixed_) {
+    // The plan's buckets are checked against the plan's budget; micro-batches
+    // are then filled to the step's.
+    sampler_.emplace(lengths_, plan.length_buckets, cap_, options.seed());
+    sampler_->set_token_budget(budget_);
+  }
+  if (options.adapt()) {
+    if (fixed_) {
+      throw Error("--adapt: moves the tokens per step of a token budget; leave out --batch-size");
+    }
+    if (!options.measure_noise_scale()) {
+      throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
+                  "drop one of them");
+    }
+    AdaptOptions adapt = options.adapt_options();
+    adapt.unit("tokens");
+    int64_t data_tokens = 0;
+    for (int64_t l : lengths_) data_tokens += l;
+    if (adapt.max_global_batch() > data_tokens) {
+      throw Error(fmt::format("--adapt-max-batch: {} tokens is more than the data's {}; give at "
+                              "most that",
+                              adapt.max_global_batch(), data_tokens));
+    }
+    if (adapt.max_global_batch() == 0) {
+      adapt.max_global_batch(std::max(
+          target_tokens_,
+          std::min(checked_product(target_tokens_, kDefaultAdaptGrowth).value_or(data_tokens),
+                   data_tokens)));
+    }
+    adapter_.emplace(target_tokens_, plan.lr, plan.lr_scaling, 1, adapt);
+    // Past the plan's budget a step grows by accumulation alone.
+    adapter_->cap_micro_batch(cap_);
+    BatchChange start;
+    start.global_batch_size = target_tokens_;
+    start.micro_batch_size = budget_;
+    start.accumulation_steps = ceil_div(target_tokens_, budget_);
+    start.lr = plan.lr;
+    start.reason = "the real tokens per step and lr the run starts from, where --adapt starts";
+    summary_.batch_schedule.push_back(start);
+  }
+  summary_.world_size = 1;
+  if (options.target_loss()) summary_.target = TrainTarget{"train_loss", *options.target_loss()};
+}
+
+std::vector<TokenBatch> TokenRun::next_group() {
+  std::vector<TokenBatch> group;
+  int64_t group_tokens = 0;
+  while (next_ < micro_.size() &&
+         (group_size_ > 0 ? static_cast<int64_t>(group.size()) < group_size_
+                          : group_tokens < target_tokens_)) {
+    group_tokens += micro_[next_].tokens;
+    group.push_back(micro_[next_++]);
+  }
+  // A step of one micro-batch measures the noise scale now and then split
+  // in two halves (the same samples and tokens).
+  const int64_t every = step_.options().noise_scale_every();
+  if (options_.measure_noise_scale() && !fixed_ && group.size() == 1 &&
+      group.front().indices.size() >= 2 && summary_.steps % every == 0) {
+    auto [first, second] = split(group.front(), lengths_);
+    group = {std::move(first), std::move(second)};
+  }
+  return group;
+}
+
+at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_tokens) {
+  for (;;) {
+    if (!fixed_) group = within(group, budget_, lengths_);
+    std::vector<Batch> batches;
+    std::vector<double> weights;
+    std::vector<int64_t> noise_sizes;
+    for (const auto& b : group) {
+      batches.push_back(data_.get_batch(b.indices));
+      if (fixed_) {
+        // Padded to the longest sequence, as a fixed batch is.
+        Batch& last = batches.back();
+        const int64_t have = last.inputs[0].size(1);
+        if (have < pad_to_) {
+          last.inputs[0] = at::constant_pad_nd(last.inputs[0], {0, pad_to_ - have}, 0);
+          last.target = at::constant_pad_nd(last.target, {0, pad_to_ - have}, kIgnoreTarget);
+        }
+      }
+      weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
+      noise_sizes.push_back(b.tokens);
+    }
+    if (!options_.measure_noise_scale() || group.size() < 2) noise_sizes.clear();
+    const int64_t ooms_before = memory_.oom_count();
+    try {
+      return step_.backward_weighted(batches, weights, noise_sizes);
+    } catch (const c10::Error& e) {
+      if (classify_step_failure(e, ooms_before, memory_.oom_count()) !=
+          StepFailure::kOutOfMemory) {
+        throw;
+      }
+      shrink_budget(e, group_tokens);
+    }
+  }
+}
+
+void TokenRun::shrink_budget(const c10::Error& e, int64_t group_tokens) {
+  memory_.release_cached();
+  if (fixed_ || budget_ <= longest_) {
+    throw Error(fmt::format(
+        "train: out of memory at {} (step {}): {}; not even one sample of {} tokens fits in {}",
+        fixed_ ? fmt::format("fixed batches of {}", options_.fixed_batch_size())
+               : fmt::format("a token budget of {}", budget_),
+        summary_.steps + 1, first_line(e.what_without_backtrace()), longest_,
+        format_bytes(memory_.usable_bytes())));
+  }
+  const int64_t before = budget_;
+  cap_ = std::max(longest_, budget_ / 2);
+  budget_ = cap_;
+  sampler_->set_token_budget(budget_);
+  if (adapter_) {
+    adapter_->cap_micro_batch(cap_);
+    window_clean_ = false;
+  }
+  ++summary_.oom_recoveries;
+  TrainEvent event;
+  event.kind = TrainEvent::Kind::kOomRecovery;
+  event.step = summary_.steps;
+  event.epoch = epoch_;
+  event.message = fmt::format(
+      "out of memory at a token budget of {} (step {}); retrying the same {} tokens with a "
+      "budget of {}",
+      before, summary_.steps + 1, group_tokens, budget_);
+  emit(event);
+}
+
+void TokenRun::adapt() {
+  memory_.synchronize();
+  const double now = clock_.now_s();
+  // A window trained at one step size throughout times that size.
+  if (window_clean_) {
+    adapter_->observe(target_tokens_, now - mark_s_, summary_.tokens - mark_tokens_);
+  }
+  mark_s_ = now;
+  mark_tokens_ = summary_.tokens;
+  window_clean_ = true;
+  NoiseScaleTracker& noise = step_.noise_scale();
+  const std::optional<double> noise_scale = noise.noise_scale();
+  std::optional<BatchChange> change =
+      adapter_->decide(summary_.steps, target_tokens_, noise_scale,
+                       noise.estimator().measurements(), noise.estimator().interval());
+  if (!change) return;
+  ramp_.restart(summary_.steps, ramp_.at(summary_.steps, lr_));
+  lr_ = change->lr;
+  const int64_t before = target_tokens_;
+  target_tokens_ = change->global_batch_size;
+  budget_ = budget_for(target_tokens_);
+  sampler_->set_token_budget(budget_);
+  // The rest of the epoch, the same samples in the same order, in
+  // micro-batches of the new budget from the next step on.
+  std::vector<int64_t> rest;
+  for (size_t i = next_; i < micro_.size(); ++i) {
+    rest.insert(rest.end(), micro_[i].indices.begin(), micro_[i].indices.end());
+  }
+  micro_.resize(next_);
+  for (TokenBatch& b : sampler_->batches(rest)) micro_.push_back(std::move(b));
+  change->micro_batch_size = budget_;
+  change->accumulation_steps = ceil_div(target_tokens_, budget_);
+  summary_.batch_schedule.push_back(*change);
+  TrainEvent event;
+  event.kind = TrainEvent::Kind::kBatchChange;
+  event.step = summary_.steps;
+  event.epoch = epoch_;
+  event.lr = change->lr;
+  event.noise_scale = noise_scale;
+  event.message = fmt::format(
+      "--adapt: {} -> {} real tokens per step (micro-batches of {} padded tokens), lr {:.3g} "
+      "over {} steps: {}",
+      before, target_tokens_, budget_, change->lr, kAdaptLrRampSteps, change->reason);
+  emit(event);
+}
+
+void TokenRun::log(double loss_mean, double lr, const std::vector<TokenBatch>& group) {
+  TrainEvent event;
+  event.kind = TrainEvent::Kind::kLog;
+  event.step = summary_.steps;
+  event.total_steps = options_.steps();
+  event.epoch = epoch_;
+  event.loss = loss_mean;
+  event.lr = lr;
+  const double seconds = clock_.now_s() - start_s_;
+  event.samples_per_s = seconds > 0 ? static_cast<double>(summary_.samples) / seconds : 0;
+  event.memory_used_bytes = memory_.live_bytes();
+  event.memory_peak_bytes = memory_.peak_bytes();
+  event.memory_capacity_bytes = memory_.capacity_bytes();
+  event.noise_scale = step_.noise_scale().noise_scale();
+  // The step's micro-batches, and the largest in padded tokens.
+  event.accumulation_steps = static_cast<int64_t>(group.size());
+  for (const auto& b : group) {
+    event.micro_batch_size = std::max(
+        event.micro_batch_size,
+        fixed_ ? static_cast<int64_t>(b.indices.size()) * pad_to_ : b.padded_tokens);
+  }
+  event.message = fmt::format("{:.0f} tokens/s, token budget {}",
+                              seconds > 0 ? static_cast<double>(summary_.tokens) / seconds : 0,
+                              budget_);
+  emit(event);
+}
+
+bool TokenRun::reached_target(double loss) {
+  const double target = *options_.target_loss();
+  window_.push_back(loss);
+  window_sum_ += loss;
+  if (static_cast<int64_t>(window_.size()) > options_.loss_window()) {
+    window_sum_ -= window_.front();
+    window_.pop_front();
+  }
+  const double mean = window_sum_ / static_cast<double>(window_.size());
+  if (static_cast<int64_t>(window_.size()) < options_.loss_window() || mean > target) return false;
+  summary_.target_reached = true;
+  summary_.steps_to_target = summary_.steps;
+  summary_.seconds_to_target = clock_.now_s() - start_s_;
+  summary_.samples_to_target = summary_.samples;
+  TrainEvent event;
+  event.kind = TrainEvent::Kind::kTargetReached;
+  event.step = summary_.steps;
+  event.epoch = epoch_;
+  event.loss = mean;
+  event.message = fmt::format(
+      "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} after {:.1f} "
+      "s: stopping",
+      mean, options_.loss_window(), target, summary_.steps, *summary_.seconds_to_target);
+  emit(event);
+  return true;
+}
+
+TrainSummary TokenRun::run() {
+  start_s_ = clock_.now_s();
+  mark_s_ = start_s_;
+  const int64_t epochs =
+      options_.steps() > 0 ? std::numeric_limits<int64_t>::max() : options_.epochs();
+  const auto steps_done = [&] { return options_.steps() > 0 && summary_.steps >= options_.steps(); };
+  for (epoch_ = 0; epoch_ < epochs; ++epoch_) {
+    micro_ = fixed_ ? fixed_batches(lengths_, options_.fixed_batch_size(), pad_to_,
+                                    options_.seed(), epoch_)
+                    : sampler_->epoch(epoch_);
+    next_ = 0;
+    epoch_samples_ = 0;
+    while (next_ < micro_.size() && !steps_done()) {
       // One optimizer step: micro-batches until they hold the target tokens.
-      std::vector<TokenBatch> group;
+      std::vector<TokenBatch> group = next_group();
       int64_t group_tokens = 0;
-      while (next < micro.size() &&
-             (group_size > 0 ? static_cast<int64_t>(group.size()) < group_size
-                             : group_tokens < target_tokens)) {
-        group_tokens += micro[next].tokens;
-        group.push_back(micro[next++]);
-      }
-      if (before_step) before_step(summary.steps);
-      at::Tensor loss;
-      for (;;) {
-        if (!fixed) group = within(group, budget, lengths);
-        std::vector<Batch> batches;
-        std::vector<double> weights;
-        for (const auto& b : group) {
-          batches.push_back(data.get_batch(b.indices));
-          if (fixed) {
-            // Padded to the longest sequence, as a fixed batch is.
-            Batch& last = batches.back();
-            const int64_t have = last.inputs[0].size(1);
-            if (have < pad_to) {
-              last.inputs[0] = at::constant_pad_nd(last.inputs[0], {0, pad_to - have}, 0);
-              last.target = at::constant_pad_nd(last.target, {0, pad_to - have}, kIgnoreTarget);
-            }
-          }
-          weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
-        }
-        const int64_t ooms_before = memory.oom_count();
-        try {
-          loss = step.backward_weighted(batches, weights);
-          break;
-        } catch (const c10::Error& e) {
-          if (classify_step_failure(e, ooms_before, memory.oom_count()) !=
-              StepFailure::kOutOfMemory) {
-            throw;
-          }
-          memory.release_cached();
-          const int64_t longest = data.length_range().max;
-          if (fixed || budget <= longest) {
-            throw Error(fmt::format(
-                "train: out of memory at {} (step {}): {}; not even one sample of {} tokens fits "
-                "in {}",
-                fixed ? fmt::format("fixed batches of {}", options.fixed_batch_size())
-                      : fmt::format("a token budget of {}", budget),
-                summary.steps + 1, first_line(e.what_without_backtrace()), longest,
-                format_bytes(memory.usable_bytes())));
-          }
-          const int64_t before = budget;
-          budget = std::max(longest, budget / 2);
-          sampler->set_token_budget(budget);
-          ++summary.oom_recoveries;
-          if (callback) {
-            TrainEvent event;
-            event.kind = TrainEvent::Kind::kOomRecovery;
-            event.step = summary.steps;
-            event.epoch = epoch;
-            event.message = fmt::format(
-                "out of memory at a token budget of {} (step {}); retrying the same {} tokens "
-                "with a budget of {}",
-                before, summary.steps + 1, group_tokens, budget);
-            callback(event);
-          }
-        }
-      }
-      const double lr = scheduled_lr(plan.lr, plan.warmup_steps, summary.steps);
-      step.apply(lr);
-      summary.final_loss = loss.item<double>();
-      ++summary.steps;
-      summary.micro_batches += static_cast<int64_t>(group.size());
+      for (const auto& b : group) group_tokens += b.tokens;
+      if (before_step_) before_step_(summary_.steps);
+      const at::Tensor loss = train_group(group, group_tokens);
+      const double lr = scheduled_lr(adapter_ ? ramp_.at(summary_.steps, lr_) : plan_.lr,
+                                     plan_.warmup_steps, summary_.steps);
+      step_.apply(lr);
+      summary_.final_loss = loss.item<double>();
+      ++summary_.steps;
+      summary_.micro_batches += static_cast<int64_t>(group.size());
       for (const auto& b : group) {
-        summary.samples += static_cast<int64_t>(b.indices.size());
-        summary.tokens += b.tokens;
-        summary.padded_tokens += fixed ? static_cast<int64_t>(b.indices.size()) * pad_to
-                                       : b.padded_tokens;
+        const auto samples = static_cast<int64_t>(b.indices.size());
+        summary_.samples += samples;
+        epoch_samples_ += samples;
+        summary_.tokens += b.tokens;
+        summary_.padded_tokens += fixed_ ? samples * pad_to_ : b.padded_tokens;
       }
-      loss_since_log += summary.final_loss;
-      ++steps_since_log;
-      if (callback && options.log_every() > 0 && summary.steps % options.log_every() == 0) {
-        TrainEvent event;
-        event.kind = TrainEvent::Kind::kLog;
-        event.step = summary.steps;
-        event.total_steps = options.steps();
-        event.epoch = epoch;
-        event.loss = loss_since_log / static_cast<double>(steps_since_log);
-        event.lr = lr;
-        const double seconds = clock.now_s() - start;
-        event.samples_per_s = seconds > 0 ? static_cast<double>(summary.samples) / seconds : 0;
-        event.memory_used_bytes = memory.live_bytes();
-        event.memory_peak_bytes = memory.peak_bytes();
-        event.memory_capacity_bytes = memory.capacity_bytes();
-        event.message = fmt::format("{:.0f} tokens/s, token budget {}",
-                                    seconds > 0 ? static_cast<double>(summary.tokens) / seconds : 0,
-                                    budget);
-        callback(event);
-        loss_since_log = 0;
-        steps_since_log = 0;
+      loss_since_log_ += summary_.final_loss;
+      ++steps_since_log_;
+      if (options_.log_every() > 0 && summary_.steps % options_.log_every() == 0) {
+        log(loss_since_log_ / static_cast<double>(steps_since_log_), lr, group);
+        loss_since_log_ = 0;
+        steps_since_log_ = 0;
       }
-      if (const auto& target = options.target_loss()) {
-        window.push_back(summary.final_loss);
-        window_sum += summary.final_loss;
-        if (static_cast<int64_t>(window.size()) > options.loss_window()) {
-          window_sum -= window.front();
-          window.pop_front();
-        }
-        const double mean = window_sum / static_cast<double>(window.size());
-        if (static_cast<int64_t>(window.size()) == options.loss_window() && mean <= *target) {
-          summary.target_reached = true;
-          summary.steps_to_target = summary.steps;
-          summary.seconds_to_target = clock.now_s() - start;
-          summary.samples_to_target = summary.samples;
-          if (callback) {
-            TrainEvent event;
-            event.kind = TrainEvent::Kind::kTargetReached;
-            event.step = summary.steps;
-            event.epoch = epoch;
-            event.loss = mean;
-            event.message = fmt::format(
-                "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} "
-                "after {:.1f} s: stopping",
-                mean, options.loss_window(), *target, summary.steps, *summary.seconds_to_target);
-            callback(event);
-          }
-          break;
-        }
-      }
+      if (options_.target_loss() && reached_target(summary_.final_loss)) break;
+      if (adapter_ && summary_.steps % adapter_->options().every() == 0) adapt();
     }
     // Whole epochs, and the share of the last one that ran.
-    summary.epochs = static_cast<double>(epoch) +
-                     (micro.empty() ? 1.0
-                                    : static_cast<double>(next) / static_cast<double>(micro.size()));
-    if ((options.steps() > 0 && summary.steps >= options.steps()) || summary.target_reached) break;
+    summary_.epochs = static_cast<double>(epoch_) +
+                      (lengths_.empty() ? 1.0
+                                        : static_cast<double>(epoch_samples_) /
+                                              static_cast<double>(lengths_.size()));
+    if (steps_done() || summary_.target_reached) break;
   }
-  summary.seconds = clock.now_s() - start;
-  summary.samples_per_s =
-      summary.seconds > 0 ? static_cast<double>(summary.samples) / summary.seconds : 0;
-  summary.tokens_per_s =
-      summary.seconds > 0 ? static_cast<double>(summary.tokens) / summary.seconds : 0;
-  summary.token_budget = fixed ? 0 : budget;
-  summary.target_tokens = target_tokens;  // 0: fixed batches, a set count a step
-  summary.micro_batch_size = fixed ? options.fixed_batch_size() : plan.micro_batch_size;
-  summary.accumulation_steps = group_size > 0 ? group_size : 1;
-  summary.global_batch_size = summary.steps > 0 ? summary.samples / summary.steps : 0;
-  return summary;
+  memory_.synchronize();
+  TrainSummary& s = summary_;
+  s.seconds = clock_.now_s() - start_s_;
+  s.samples_per_s = s.seconds > 0 ? static_cast<double>(s.samples) / s.seconds : 0;
+  s.tokens_per_s = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
+  s.token_budget = fixed_ ? 0 : budget_;
+  s.target_tokens = target_tokens_;  // 0: fixed batches, a set count a step
+  s.micro_batch_size = fixed_ ? options_.fixed_batch_size() : plan_.micro_batch_size;
+  s.accumulation_steps = group_size_ > 0 ? group_size_ : 1;
+  s.global_batch_size = s.steps > 0 ? s.samples / s.steps : 0;
+  s.noise_scale = step_.noise_scale().noise_scale();
+  return s;
+}
+
+}  // namespace
+
+TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Plan& plan,
+                             const TextDataset& data, const TokenTrainOptions& options,
+                             const TrainCallback& callback,
+                             const std::function<void(int64_t)>& before_step) {
+  return TokenRun(workload, memory, plan, data, options, callback, before_step).run();
 }
 
 }  // namespace batchtune

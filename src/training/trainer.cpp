@@ -6,15 +6,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
-#include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
-#include <sys/stat.h>
 
-#include "batchtune/common/atomic_file.h"
+#include "batchtune/common/counts.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
@@ -29,8 +25,6 @@
 
 namespace batchtune {
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// The visiting order of epoch `epoch`: a permutation drawn from (seed, epoch)
 /// alone, so that a resumed run continues in the same order.
@@ -150,120 +144,6 @@ int64_t Trainer::planned_steps() const {
   return cursor_.first_step_of(options_.epochs());
 }
 
-double Trainer::lr_at(int64_t step) const {
-  if (ramp_start_ < 0 || step >= ramp_start_ + kAdaptLrRampSteps) return plan_.lr;
-  const double t = static_cast<double>(step - ramp_start_ + 1) / kAdaptLrRampSteps;
-  return ramp_from_lr_ + (plan_.lr - ramp_from_lr_) * t;
-}
-
-bool Trainer::adapt_batch() {
-  settle_clock();
-  // A window trained at one batch throughout times that batch.
-  if (adapt_window_clean_) {
-    adapter_->observe(plan_.global_batch_size, train_seconds_ - adapt_mark_.train_seconds,
-                      run_samples_ - adapt_mark_.samples);
-  }
-  adapt_mark_ = {train_seconds_, data_seconds_, run_samples_};
-  adapt_window_clean_ = true;
-  std::optional<BatchChange> change;
-  if (data_parallel_.rank() == 0) {
-    NoiseScaleTracker& noise = training_step_.noise_scale();
-    const std::optional<double> noise_scale = noise.noise_scale();
-    change = adapter_->decide(step_, plan_.global_batch_size, noise_scale,
-                              noise.estimator().measurements(), noise.estimator().interval());
-  }
-  if (data_parallel_.distributed()) {
-    // Rank 0 decides for all (the ranks' noise estimates differ a little).
-    BudgetAllocator::UncountedScope uncounted;
-    at::Tensor decided = at::tensor(
-        {change ? static_cast<double>(change->global_batch_size) : 0.0, change ? change->lr : 0.0,
-         change && change->noise_scale ? *change->noise_scale : 0.0},
-        at::TensorOptions().dtype(at::kDouble)).to(memory_.device());
-    data_parallel_.broadcast_from_first({decided});
-    decided = decided.cpu();
-    const double* d = decided.data_ptr<double>();
-    if (data_parallel_.rank() != 0 && d[0] > 0) {
-      BatchChange c;
-      c.step = step_;
-      c.global_batch_size = static_cast<int64_t>(d[0]);
-      std::tie(c.micro_batch_size, c.accumulation_steps) = adapter_->split(c.global_batch_size);
-      c.lr = d[1];
-      c.noise_scale = d[2];
-      c.reason = "rank 0's decision";
-      change = c;
-    }
-  }
-  if (!change) return false;
-  apply_change(*change);
-  return true;
-}
-
-void Trainer::apply_change(const BatchChange& change) {
-  ramp_from_lr_ = lr_at(step_);
-  ramp_start_ = step_;
-  const int64_t before = plan_.global_batch_size;
-  plan_.global_batch_size = change.global_batch_size;
-  plan_.micro_batch_size = change.micro_batch_size;
-  plan_.accumulation_steps = change.accumulation_steps;
-  plan_.lr = change.lr;
-  training_step_.set_micro_batch_size(change.micro_batch_size);
-  cursor_.change(step_, change.global_batch_size);
-  schedule_.push_back(change);
-  emit(TrainEvent::Kind::kBatchChange,
-       fmt::format("--adapt: global batch {} -> {} ({} x {} per rank), lr {:.3g} over {} steps: "
-                   "{}",
-                   before, change.global_batch_size, change.micro_batch_size,
-                   change.accumulation_steps, change.lr, kAdaptLrRampSteps, change.reason));
-}
-
-void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
-  if (!callback_) return;
-  TrainEvent e;
-  e.kind = kind;
-  e.step = step_;
-  e.total_steps = total_steps_;
-  e.epoch = epoch_;
-  e.epochs = cursor_.at(std::max<int64_t>(total_steps_ - 1, 0)).epoch + 1;
-  e.lr = scheduled_lr(lr_at(std::max<int64_t>(step_ - 1, 0)), plan_.warmup_steps,
-                      std::max<int64_t>(step_ - 1, 0));
-  e.micro_batch_size = plan_.micro_batch_size;
-  e.accumulation_steps = plan_.accumulation_steps;
-  e.memory_used_bytes = memory_.live_bytes();
-  e.memory_peak_bytes = memory_.peak_bytes();
-  e.memory_capacity_bytes = memory_.capacity_bytes();
-  e.message = message;
-  if (kind == TrainEvent::Kind::kEpochEnd || kind == TrainEvent::Kind::kEvaluation) {
-    e.test_accuracy = test_accuracy_;
-  }
-  Mark* mark = kind == TrainEvent::Kind::kLog        ? &log_mark_
-               : kind == TrainEvent::Kind::kProgress ? &progress_mark_
-                                                     : nullptr;
-  if (mark != nullptr) {
-    const double seconds = train_seconds_ - mark->train_seconds;
-    if (seconds > 0) {
-      e.samples_per_s = static_cast<double>(run_samples_ - mark->samples) / seconds;
-      e.busy_fraction = 1.0 - (data_seconds_ - mark->data_seconds) / seconds;
-    }
-    *mark = {train_seconds_, data_seconds_, run_samples_};
-  }
-  if (run_samples_ > 0 && train_seconds_ > 0) {
-    const double steps_per_s = static_cast<double>(step_ - resumed_from_step_) / train_seconds_;
-    if (steps_per_s > 0) e.eta_s = static_cast<double>(total_steps_ - step_) / steps_per_s;
-  }
-  if (kind == TrainEvent::Kind::kLog && window_steps_ > 0) {
-    e.loss = window_loss_.item<double>() / static_cast<double>(window_steps_);
-    window_loss_ = at::Tensor();
-    window_steps_ = 0;
-  } else if (last_loss_tensor_.defined()) {
-    e.loss = last_loss_tensor_.item<double>();
-  }
-  if (kind == TrainEvent::Kind::kLog) e.noise_scale = training_step_.noise_scale().noise_scale();
-  if (utilization_ && (kind == TrainEvent::Kind::kLog || kind == TrainEvent::Kind::kProgress)) {
-    e.utilization = utilization_();
-  }
-  callback_(e);
-}
-
 void Trainer::train_step(const Batch& batch) {
   auto& optimizer = workload_.optimizer();
   const c10::Device device = memory_.device();
@@ -346,69 +226,6 @@ void Trainer::train_step(const Batch& batch) {
                             step_ + 1, first_line(e.what_without_backtrace()),
                             format_bytes(memory_.usable_bytes())));
   }
-}
-
-double Trainer::evaluate() {
-  if (test_ == nullptr) return 0;
-  // Buffers (batch-norm statistics) follow rank 0's, as PyTorch's DDP does.
-  data_parallel_.broadcast_from_first(workload_.model().buffers());
-  at::NoGradGuard no_grad;
-  workload_.model().train(false);
-  const c10::Device device = memory_.device();
-  int64_t batch = options_.eval_batch_size() > 0 ? options_.eval_batch_size()
-                                                 : plan_.micro_batch_size;
-  int64_t correct = 0;
-  // Data parallel: each rank evaluates its share of the test split.
-  const auto [first, last] =
-      shard_range(test_->size(), data_parallel_.rank(), data_parallel_.world_size());
-  int64_t begin = first;
-  while (begin < last) {
-    const int64_t end = std::min(last, begin + batch);
-    std::vector<int64_t> indices(static_cast<size_t>(end - begin));
-    for (int64_t i = begin; i < end; ++i) indices[static_cast<size_t>(i - begin)] = i;
-    const int64_t ooms_before = memory_.oom_count();
-    try {
-      const Batch b = to_device(test_->get_batch(indices), device, false);
-      at::Tensor logits;
-      {
-        AutocastGuard autocast(device.type(), plan_.amp);
-        logits = workload_.model().forward(b.inputs[0]);
-      }
-      correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
-      begin = end;
-    } catch (const c10::Error& e) {
-      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
-        throw;
-      }
-      memory_.release_cached();
-      if (batch == 1) {
-        workload_.model().train(true);
-        throw Error("train: out of memory evaluating the test set at batch 1: " +
-                    first_line(e.what_without_backtrace()));
-      }
-      batch = (batch + 1) / 2;
-    }
-  }
-  workload_.model().train(true);
-  correct = data_parallel_.sum(correct);
-  return static_cast<double>(correct) / static_cast<double>(test_->size());
-}
-
-bool Trainer::evaluate_now(TrainEvent::Kind kind) {
-  if (test_ == nullptr) return false;
-  if (test_accuracy_step_ != step_) {
-    test_accuracy_ = evaluate();
-    test_accuracy_step_ = step_;
-  }
-  emit(kind);
-  const auto& target = options_.target_accuracy();
-  if (!target || reached_ || *test_accuracy_ < *target) return false;
-  reached_ = Reached{step_, train_seconds_, samples_};
-  emit(TrainEvent::Kind::kTargetReached,
-       fmt::format("test accuracy {:.2f} % reached the target {:.2f} % at step {} after {:.1f} s "
-                   "of training: stopping",
-                   *test_accuracy_ * 100, *target * 100, step_, train_seconds_));
-  return true;
 }
 
 TrainSummary Trainer::run() {
@@ -640,99 +457,6 @@ TrainSummary Trainer::run() {
     save_checkpoint(complete ? std::optional<TrainSummary>(s) : std::nullopt);
   }
   return s;
-}
-
-// Checkpoints: see checkpoint.h. The trainer hands over its position and
-// plan, and the summary once the run is finished.
-
-RunIdentity Trainer::run_identity() const {
-  RunIdentity id;
-  id.model = workload_.model().describe();
-  id.input = describe(workload_.input_spec());
-  id.optimizer = workload_.options().optimizer();
-  id.amp = amp_name(plan_.amp);
-  id.world_size = start_plan_.world_size;
-  id.global_batch_size = start_plan_.global_batch_size;
-  id.train_size = train_.size();
-  id.seed = options_.seed();
-  id.lr = start_plan_.lr;
-  id.warmup_steps = start_plan_.warmup_steps;
-  return id;
-}
-
-void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
-  if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
-  CheckpointRecord record;
-  record.identity = run_identity();
-  record.position = {step_, epoch_, batch_in_epoch_, samples_, oom_recoveries_};
-  record.plan = plan_;
-  record.summary = summary;
-  if (adapter_) {
-    nlohmann::json schedule = nlohmann::json::array();
-    for (const auto& change : schedule_) schedule.push_back(to_json(change));
-    record.adapt = nlohmann::json{{"batch_schedule", schedule},
-                                  {"policy", adapter_->state()},
-                                  {"noise", training_step_.noise_scale().estimator().state()},
-                                  {"lr_ramp_from", ramp_from_lr_},
-                                  {"lr_ramp_start", ramp_start_}};
-  }
-  write_checkpoint(options_.checkpoint_dir(), {workload_.model(), workload_.optimizer(), training_step_.scaler()},
-                   record);
-  emit(TrainEvent::Kind::kCheckpoint,
-       "checkpoint " + options_.checkpoint_dir() + "/" + kCheckpointFile);
-}
-
-std::optional<TrainSummary> Trainer::load_checkpoint() {
-  const auto record = read_checkpoint(options_.checkpoint_dir(), run_identity(),
-                                      {workload_.model(), workload_.optimizer(), training_step_.scaler()});
-  if (!record) return std::nullopt;
-  const CheckpointPosition& p = record->position;
-  step_ = p.step;
-  epoch_ = p.epoch;
-  batch_in_epoch_ = p.batch_in_epoch;
-  samples_ = p.samples;
-  oom_recoveries_ = p.oom_recoveries;
-  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
-  if (record->adapt && !adapter_) {
-    throw Error(fmt::format("--resume: {} was written by an --adapt run (its global batch "
-                            "changed as it went); resume it with --adapt",
-                            path));
-  }
-  if (record->adapt) {
-    try {
-      const nlohmann::json& adapt = *record->adapt;
-      schedule_.clear();
-      for (const auto& entry : adapt.at("batch_schedule")) {
-        schedule_.push_back(batch_change_from_json(entry));
-        if (schedule_.size() > 1) cursor_.change(schedule_.back().step, schedule_.back().global_batch_size);
-      }
-      adapter_->load_state(adapt.at("policy"));
-      training_step_.noise_scale().estimator().load_state(adapt.at("noise"));
-      ramp_from_lr_ = adapt.at("lr_ramp_from").get<double>();
-      ramp_start_ = adapt.at("lr_ramp_start").get<int64_t>();
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("--resume: {} has an unreadable --adapt state ({}); start afresh "
-                              "in another --checkpoint directory",
-                              path, first_line(e.what())));
-    }
-    // The plan as it stood: the schedule's batch and lr, any smaller
-    // micro-batch an out-of-memory forced.
-    plan_.global_batch_size = record->plan.global_batch_size;
-    plan_.micro_batch_size = record->plan.micro_batch_size;
-    plan_.accumulation_steps = record->plan.accumulation_steps;
-    plan_.lr = record->plan.lr;
-    training_step_.set_micro_batch_size(plan_.micro_batch_size);
-  } else if (record->plan.micro_batch_size < plan_.micro_batch_size) {
-    // Keep the smaller micro-batch an earlier out-of-memory forced.
-    plan_.micro_batch_size = record->plan.micro_batch_size;
-    plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
-    training_step_.set_micro_batch_size(plan_.micro_batch_size);
-  }
-  loaded_ = true;
-  if (record->summary) return record->summary;
-  return std::nullopt;
 }
 
 }  // namespace batchtune

@@ -98,8 +98,13 @@ class LengthBucketSampler {
                       int64_t token_budget, uint64_t seed);
   /// The micro-batches of epoch `epoch`, in the order they closed.
   std::vector<TokenBatch> epoch(int64_t epoch) const;
+  /// The micro-batches of the samples `order`, visited in that order (what
+  /// `epoch` does with its shuffle): after a change of budget, the rest of
+  /// an epoch is batched anew from the samples it had left.
+  std::vector<TokenBatch> batches(const std::vector<int64_t>& order) const;
   int64_t token_budget() const { return token_budget_; }
-  /// A smaller budget (after an out-of-memory); at least the longest sample.
+  /// Another budget (smaller after an out-of-memory, or as `--adapt`
+  /// moves the step); at least the longest sample.
   void set_token_budget(int64_t token_budget);
 
  private:

@@ -73,8 +73,14 @@ class TrainingStep {
   /// mean over real tokens) weighted by `weights` (their real tokens'
   /// share of the step's, so the loss is normalised per token). Returns the
   /// weighted loss, detached. An out-of-memory propagates, gradients dropped.
+  ///
+  /// With `noise_sizes` (each micro-batch's size in the units the noise
+  /// scale is counted in, such as real tokens; at least two micro-batches,
+  /// `weights` their shares), the first micro-batch's gradient is measured
+  /// against the step's: one noise-scale measurement at (its size, their sum).
   at::Tensor backward_weighted(const std::vector<Batch>& micro_batches,
-                               const std::vector<double>& weights);
+                               const std::vector<double>& weights,
+                               const std::vector<int64_t>& noise_sizes = {});
   /// `backward` then `apply`: what a trial times.
   at::Tensor run(const Batch& batch, int64_t step_index = 0);
 

@@ -47,6 +47,20 @@ struct AdaptOptions {
   TORCH_ARG(double, min_gain) = kAdaptMinGain;
   TORCH_ARG(int64_t, min_measurements) = kAdaptMinMeasurements;
   TORCH_ARG(int64_t, lr_ramp_steps) = kAdaptLrRampSteps;
+  /// What a global batch counts, as the reasons name it: "samples", or
+  /// "tokens" for text trained by a token budget.
+  TORCH_ARG(std::string, unit) = "samples";
+};
+
+/// The lr after a change: from the lr in force to the new one, linearly
+/// over `kAdaptLrRampSteps` optimizer steps.
+struct LrRamp {
+  double from = 0;
+  int64_t start = -1;  ///< the optimizer step of the change; -1 for none yet
+  /// The lr of optimizer step `step` on its way to `to`.
+  double at(int64_t step, double to) const;
+  /// A change at `step` to a new lr, from the lr step `step` had.
+  void restart(int64_t step, double lr_before);
 };
 
 /// One row of the batch schedule: from optimizer step `step` on, the run

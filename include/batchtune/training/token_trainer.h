@@ -27,7 +27,8 @@ struct TokenTrainOptions {
   /// Real tokens per optimizer step, reached by accumulating micro-batches;
   /// 0 for the plan's token budget (about one full micro-batch a step), or
   /// with `fixed_batch_size` for the plan's accumulation steps (micro-batches
-  /// a step, however padded).
+  /// a step, however padded). Fewer than the budget make micro-batches of
+  /// that many padded tokens (at least the longest sample).
   TORCH_ARG(int64_t, target_tokens) = 0;
   /// A log event every this many optimizer steps; 0 for none.
   TORCH_ARG(int64_t, log_every) = 0;
@@ -45,6 +46,17 @@ struct TokenTrainOptions {
   /// The clock training time is read from (a fake in tests); null for the
   /// steady clock.
   TORCH_ARG(ClockPointer, clock) = nullptr;
+  /// Measure the gradient noise scale, in tokens: the first micro-batch of a
+  /// step against the whole step, or, in a step of one micro-batch, one step
+  /// in `kNoiseScaleEveryWithoutAccumulation` split in two.
+  TORCH_ARG(bool, measure_noise_scale) = true;
+  /// Adapt the real tokens per step (the global batch, counted in tokens)
+  /// and the lr to the noise scale as training goes (see `BatchAdapter`),
+  /// from `target_tokens`; the micro-batches follow, up to the plan's
+  /// budget. Needs `measure_noise_scale`; not with `fixed_batch_size`.
+  TORCH_ARG(bool, adapt) = false;
+  /// `max_global_batch` in tokens; 0 for 32x the start, within the data.
+  TORCH_ARG(AdaptOptions, adapt_options) = {};
 };
 
 /// Trains a sequence model by a token budget: each epoch the

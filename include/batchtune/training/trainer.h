@@ -102,6 +102,8 @@ struct TrainEvent {
   /// Share of wall time the loop spent computing, not fetching data.
   double busy_fraction = 0;
   double eta_s = 0;
+  /// The plan's, as it stands; text trained by a token budget (log events):
+  /// the step's largest micro-batch in padded tokens, and its micro-batches.
   int64_t micro_batch_size = 0;
   int64_t accumulation_steps = 0;
   int64_t memory_used_bytes = 0;
@@ -287,8 +289,7 @@ class Trainer {
   // --adapt: the policy, the changes, the lr ramp and the window timed.
   std::optional<BatchAdapter> adapter_;
   std::vector<BatchChange> schedule_;
-  double ramp_from_lr_ = 0;
-  int64_t ramp_start_ = -1;
+  LrRamp ramp_;
   int64_t samples_ = 0;
   int64_t oom_recoveries_ = 0;
   int64_t total_steps_ = 0;
