@@ -205,6 +205,18 @@ class AdaptiveMicroBatchSampler(BatchSampler):
     # batch by fetching one ahead.
 
 
+class AdaptiveDataLoader(DataLoader):
+    """A DataLoader over `AdaptiveMicroBatchSampler`. Where its data stands
+    goes into checkpoints with `BatchTune`'s state; `state_dict` here only
+    tells Lightning that the loader resumes mid-epoch (it warns otherwise)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"kept_by": "BatchTune"}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        pass
+
+
 def adaptive_loader(loader: DataLoader, batches: _Batches) -> DataLoader:
     """`loader` with its batches from `batches`: the same data set, collate_fn,
     workers and the rest."""
@@ -217,7 +229,7 @@ def adaptive_loader(loader: DataLoader, batches: _Batches) -> DataLoader:
         if hasattr(loader, name):
             extra[name] = getattr(loader, name)
     sampler = AdaptiveMicroBatchSampler(loader.sampler, batches.micro, True, batches=batches)
-    return DataLoader(loader.dataset, batch_sampler=sampler, num_workers=workers,
+    return AdaptiveDataLoader(loader.dataset, batch_sampler=sampler, num_workers=workers,
                       collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
                       timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
                       multiprocessing_context=loader.multiprocessing_context,

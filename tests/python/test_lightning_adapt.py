@@ -61,6 +61,25 @@ class StepClock:
         return self.now
 
 
+class Scripted:
+    """The policy, its decisions {step: global batch} written in the test."""
+
+    def __init__(self, adapter, script):
+        self._adapter, self._script = adapter, script
+
+    def __getattr__(self, name):
+        return getattr(self._adapter, name)
+
+    def decide(self, step, global_batch, noise_scale, measurements, interval=None):
+        if step not in self._script:
+            return None
+        size = self._script[step]
+        micro, accumulation = self._adapter.split(size)
+        return dict(step=step, global_batch_size=size, micro_batch_size=micro,
+                    accumulation_steps=accumulation, lr=self._adapter.lr_for(size, 1000.0),
+                    noise_scale=1000.0, reason=f"scripted at step {step}")
+
+
 class Record(pl.Callback):
     """What trained: per batch the step, its size, its samples, the
     accumulation and the lr; advances the fake clock per step; with `script`
@@ -72,22 +91,9 @@ class Record(pl.Callback):
         self.batches = []
 
     def on_train_start(self, trainer, pl_module):
-        if self.script is None:
-            return
-        adaptation = self.tuner._adapt.adaptation
-        adapter, script = adaptation.adapter, self.script
-
-        def decide(step, plan, device):
-            adaptation._flush()
-            if step not in script:
-                return None
-            size = script[step]
-            micro, accumulation = adapter.split(size)
-            return dict(step=step, global_batch_size=size, micro_batch_size=micro,
-                        accumulation_steps=accumulation, lr=adapter.lr_for(size, 1000.0),
-                        noise_scale=1000.0, reason=f"scripted at step {step}")
-
-        adaptation.decide = decide
+        if self.script is not None:
+            adaptation = self.tuner._adapt.adaptation
+            adaptation.adapter = Scripted(adaptation.adapter, self.script)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append(dict(step=trainer.global_step, epoch=trainer.current_epoch,
@@ -104,13 +110,19 @@ class Record(pl.Callback):
             trainer.save_checkpoint(self.save[1])
             self.save = None
 
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self.save and self.save[0] == "epoch":
+            trainer.save_checkpoint(self.save[1])
+            self.save = None
 
-def _fit(steps, script=None, save=None, ckpt=None, max_batch=16, every=5, **kwargs):
+
+def _fit(steps, script=None, save=None, ckpt=None, max_batch=16, every=5, module_type=None,
+         **kwargs):
     clock = StepClock()
     tuner = BatchTune(memory_limit=LIMIT, sweep=False, max_batch=max_batch, adapt=True,
                       adapt_every=every, clock=clock, time_budget=30, **kwargs)
     record = Record(tuner, clock, script, save)
-    module = Module(_data())
+    module = (module_type or Module)(_data())
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False,
                          max_steps=steps, callbacks=[tuner, record])
@@ -184,15 +196,46 @@ def test_the_lr_follows_the_schedule_with_a_ramp():
     assert 0.05 < lr[59] < again["lr"]
 
 
-def test_a_resume_from_a_lightning_checkpoint_continues_the_same_schedule(tmp_path):
+@pytest.mark.parametrize("kind", ["LambdaLR", "StepLR"])
+def test_your_scheduler_goes_on_times_the_gain(kind):
+    """A scheduler of configure_optimizers keeps its shape: LambdaLR (from its
+    base lrs) and StepLR (from the lr as it stands) both end at their lr times
+    the gain of the batch."""
+    def factor(step):
+        return 0.5 if step >= 5 else 1.0
+
+    class Scheduled(Module):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if kind == "LambdaLR" \
+                else torch.optim.lr_scheduler.StepLR(optimizer, step_size=15, gamma=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler,
+                                                             "interval": "step"}}
+
+    tuner, record, _, _ = _fit(45, {10: 32}, module_type=Scheduled)
+    up = tuner.batch_schedule[1]
+    gain = up["lr"] / 0.05
+    shape = factor if kind == "LambdaLR" else (lambda step: 0.5 ** (step // 15))
+    lr = {b["step"]: b["lr"] for b in record.batches}
+    assert lr[up["step"] - 1] == pytest.approx(0.05 * shape(up["step"] - 1))
+    for step in range(up["step"] + 20, 45):
+        assert lr[step] == pytest.approx(0.05 * shape(step) * gain), step
+
+
+@pytest.mark.parametrize("at", [20, 31, "epoch"])
+def test_a_resume_from_a_lightning_checkpoint_continues_the_same_schedule(tmp_path, at):
     whole, record, module, _ = _fit(60, SCRIPT)
-    path = str(tmp_path / "mid.ckpt")
-    # A checkpoint after step 30 (the loader a batch ahead of the training).
-    _fit(31, SCRIPT, save=(31, path))
+    path = str(tmp_path / "resume.ckpt")
+    # Right after the decision at step 20 (it waits for the step the loader
+    # has not begun), after step 31 (the loader a batch ahead of the
+    # training), at the end of the first epoch.
+    _, first, _, _ = _fit(60, SCRIPT, save=(at, path))
+    start = at if at != "epoch" else max(b["step"] for b in first.batches if b["epoch"] == 0) + 1
     resumed, record2, module2, trainer2 = _fit(60, SCRIPT, ckpt=path)
     assert [(c["step"], c["global_batch_size"]) for c in resumed.batch_schedule] == \
         [(c["step"], c["global_batch_size"]) for c in whole.batch_schedule]
-    after = [(b["step"], b["samples"], b["accumulate"]) for b in record.batches if b["step"] >= 31]
+    after = [(b["step"], b["samples"], b["accumulate"]) for b in record.batches
+             if b["step"] >= start]
     again = [(b["step"], b["samples"], b["accumulate"]) for b in record2.batches]
     assert again == after, "the same samples in the same steps"
     for a, b in zip(module.parameters(), module2.parameters()):
@@ -213,6 +256,12 @@ def test_bad_adapt_arguments_are_refused_naming_them():
                          reload_dataloaders_every_n_epochs=1, callbacks=[tuner])
     with pytest.raises(batchtune.Error, match="^adapt: .*reload_dataloaders_every_n_epochs"):
         trainer.fit(Module(_data(64)))
+    accumulation = pl.callbacks.GradientAccumulationScheduler({0: 2})
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, max_steps=1,
+                         callbacks=[BatchTune(memory_limit=LIMIT, adapt=True), accumulation])
+    with pytest.raises(batchtune.Error, match="^adapt: .*GradientAccumulationScheduler"):
+        trainer.fit(Module(_data(64)))
 
 
 def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
@@ -223,3 +272,39 @@ def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
     assert len(schedule) >= 2, schedule
     assert schedule[1]["global_batch_size"] > schedule[0]["global_batch_size"]
     assert schedule[1]["noise_scale"] is not None
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_under_lightning_ddp_rank_0_decides_and_the_ranks_share_each_global_batch(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("lightning_adapt_ddp_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["schedule"] == ranks[1]["schedule"]
+    schedule = ranks[0]["schedule"]
+    assert ranks[0]["plan"]["world_size"] == 2 and schedule[0]["global_batch_size"] == 16
+    assert [c["global_batch_size"] for c in schedule] == [16, 32, 16, 64]
+    assert all(c["reason"].startswith("scripted") for c in schedule[1:])
+    # Each step: both ranks train their half of the global batch in force,
+    # in as many micro-batches, no sample on both.
+    steps = [{}, {}]
+    for r in (0, 1):
+        for b in ranks[r]["batches"]:
+            steps[r].setdefault(b["step"], []).append(b)
+    assert sorted(steps[0]) == sorted(steps[1]) == list(range(35))
+    for step in range(35):
+        entry = _in_force(schedule, step)
+        parts = [steps[r][step] for r in (0, 1)]
+        assert [len(p) for p in parts][0] == len(parts[1])
+        samples = [i for p in parts for b in p for i in b["samples"]]
+        assert len(samples) == entry["global_batch_size"] == len(set(samples)), step
+    assert ranks[0]["weights"] == ranks[1]["weights"]
