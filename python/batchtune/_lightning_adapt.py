@@ -160,9 +160,9 @@ class _Batches:
 
     def state(self) -> Dict[str, Any]:
         return dict(epoch=self.epoch, offset=self.offset, passes=self.passes, index=self.index,
-                    steps=self.steps, split_due=self.split_due, step_begin=self.step_begin, chunks=list(self.chunks),
-                    in_step=self.in_step, micro=self.micro, accumulation=self.accumulation,
-                    seed=self.seed)
+                    steps=self.steps, split_due=self.split_due, step_begin=self.step_begin,
+                    chunks=list(self.chunks), in_step=self.in_step, micro=self.micro,
+                    accumulation=self.accumulation, seed=self.seed)
 
     def state_at(self, trained: int) -> Dict[str, Any]:
         """The state after `trained` batches of the pass trained: the loader
@@ -190,8 +190,8 @@ class AdaptiveMicroBatchSampler(BatchSampler):
     def __init__(self, sampler: Any, batch_size: int = 1, drop_last: bool = True,
                  batches: Optional[_Batches] = None):
         if batches is None:
-            raise _core.Error("AdaptiveMicroBatchSampler: made by BatchTune(adapt=True); "
-                              "pass the DataLoader a batch size instead")
+            raise _core.Error("AdaptiveMicroBatchSampler: BatchTune(adapt=True) makes it with "
+                              "its own state; pass your DataLoader a batch_size instead")
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -257,7 +257,7 @@ class LightningAdaptation:
         self.gain = 1.0                                # applied to the lrs
         self.trained = 0                               # batches of this pass trained
         self.info: Optional[Dict[str, Any]] = None     # of the batch under way
-        self.small: Optional[tuple] = None              # (samples, squared norm) of a step's first part
+        self.small: Optional[tuple] = None             # (samples, squared norm) of a first part
         self.stepped = False
 
     @property

@@ -634,10 +634,10 @@ class BatchTune(Callback):
         for key in ("global_batch_size", "micro_batch_size", "accumulation_steps", "lr"):
             setattr(a.current, key, change[key])
         a.adaptation.apply(change, step, lr_now)
-        # The next window times the new batch alone.
-        a.adaptation._mark = (a.adaptation.clock(), a.adaptation._samples)
+        a.adaptation.restart_window()
         a.pending = None
         lightning_setattr(pl_module, self.batch_arg_name, change["micro_batch_size"])
         rank_zero_info(f"batchtune: step {step}: global batch {before} -> "
-                       f"{change['global_batch_size']} (micro-batch {change['micro_batch_size']} x "
-                       f"{change['accumulation_steps']}), lr {change['lr']:.3g}: {change['reason']}")
+                       f"{change['global_batch_size']} (micro-batch {change['micro_batch_size']} "
+                       f"x {change['accumulation_steps']}), lr {change['lr']:.3g}: "
+                       f"{change['reason']}")
