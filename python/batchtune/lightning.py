@@ -580,6 +580,12 @@ class BatchTune(Callback):
             raise _core.Error("adapt: sets the accumulation of every step, which a "
                               "GradientAccumulationScheduler callback sets too; remove it or leave "
                               "adapt off")
+        for name in ("val_check_interval", "limit_train_batches"):
+            value = getattr(trainer, name)
+            if isinstance(value, float) and value != 1.0:
+                raise _core.Error(f"{name}: {value} is a share of the epoch's batches, whose number "
+                                  f"changes with the batch under adapt; give a number of batches "
+                                  f"(an int) or 1.0")
         if trainer.reload_dataloaders_every_n_epochs:
             raise _core.Error("adapt: the train dataloader's batch sampler carries the data's place "
                               "across epochs; leave reload_dataloaders_every_n_epochs at 0")
@@ -591,6 +597,7 @@ class BatchTune(Callback):
         if instance is None or not hasattr(instance, "train_dataloader"):
             raise _core.Error("adapt: needs the train dataloader from train_dataloader() of the "
                               "LightningModule or the LightningDataModule")
+        instance.__dict__.pop("train_dataloader", None)  # a wrapper a failed fit left
         original = instance.train_dataloader
         loader = _one_loader(original())
         try:

@@ -256,6 +256,11 @@ def test_bad_adapt_arguments_are_refused_naming_them():
                          reload_dataloaders_every_n_epochs=1, callbacks=[tuner])
     with pytest.raises(batchtune.Error, match="^adapt: .*reload_dataloaders_every_n_epochs"):
         trainer.fit(Module(_data(64)))
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, max_steps=1, val_check_interval=0.5,
+                         callbacks=[BatchTune(memory_limit=LIMIT, adapt=True)])
+    with pytest.raises(batchtune.Error, match="^val_check_interval: 0.5 is a share"):
+        trainer.fit(Module(_data(64)))
     accumulation = pl.callbacks.GradientAccumulationScheduler({0: 2})
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, max_steps=1,
