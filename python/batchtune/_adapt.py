@@ -107,6 +107,12 @@ class Adaptation:
             change = _distributed.broadcast_object(change, self.group)
         return change
 
+    def restart_window(self) -> None:
+        """The next window times from now: a change took effect later than
+        the decision (a loader that asks ahead), and the window times one size."""
+        self._mark = (self.clock(), self._samples)
+        self.window_clean = True
+
     def apply(self, change: Dict[str, Any], step: int, current_lr: float) -> None:
         self.ramp_from = current_lr
         self.ramp_start = step

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Dict, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
 from . import _checks, _core
 from ._fit import missing
+from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
 from ._samples import HeaviestFirst
 from ._tune import TuneResult, tune
 from .plan import Plan, group_lr_ratios, reference_lr
@@ -36,6 +38,7 @@ from .plan import Plan, group_lr_ratios, reference_lr
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 except ImportError as _error:  # Lightning is optional
@@ -153,11 +156,26 @@ class BatchTune(Callback):
             as `training_step` receives it) and `loss_fn(module, batch)` (the
             scalar loss); None: batches of the train dataloader's data set,
             heaviest first, and the module's `training_step`.
+        adapt: the global batch and lr follow the gradient noise scale as
+            training goes, by the policy of `batchtune.Trainer(adapt=True)`:
+            every `adapt_every` optimizer steps the global batch may double or
+            halve where goodput says so, from the plan's up to
+            `adapt_max_batch` (default 32x), the micro-batch growing up to the
+            largest the tune saw fit and then accumulating; the lr follows by
+            the AdaScale gain (ramped over 20 steps) on top of the schedule.
+            The train dataloader is made again with a batch sampler that hands
+            out the next micro-batches of the global batch of the moment.
+        adapt_seed: the seed of the epochs' order under adapt (the same on
+            every rank).
+        clock: a callable returning seconds, which times the windows adapt
+            compares (tests pass a fake one).
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `tolerance`,
             `lr_scaling`, `warmup_steps`, `strategy`, `verbose`, ...).
 
     After fit starts: `result` (this rank's `TuneResult`) and `plan`. The plan
     is kept in checkpoints: a resumed fit trains with it without tuning again.
+    With adapt, `batch_schedule` lists the changes (the first the start) and
+    checkpoints keep where the schedule and the data stand.
     """
 
     def __init__(self, *, objective: str = "throughput", amp: Optional[str] = None,
@@ -166,8 +184,23 @@ class BatchTune(Callback):
                  memory_limit=None, batch_arg_name: str = "batch_size", scale_lr: bool = True,
                  base_lr: Optional[float] = None, base_batch: Optional[int] = None,
                  make_batch: Optional[Callable[[int], Any]] = None,
-                 loss_fn: Optional[Callable] = None, **tune_kwargs: Any):
+                 loss_fn: Optional[Callable] = None, adapt: bool = False,
+                 adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
+                 adapt_max_batch: Optional[int] = None, adapt_seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
         super().__init__()
+        if not isinstance(adapt, bool):
+            raise _core.Error(f"adapt: give True or False, got {adapt!r}")
+        for name, value, least in (("adapt_every", adapt_every, 1),
+                                   ("adapt_max_batch", adapt_max_batch, 1),
+                                   ("adapt_seed", adapt_seed, 0)):
+            if value is None and name == "adapt_max_batch":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise _core.Error(f"{name}: give a whole number of at least {least}, got {value!r}")
+        if adapt and not scale_lr:
+            raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False turns off; "
+                              "drop one of them")
         if amp is not None and amp not in ("auto", "off", "bf16", "fp16"):
             raise _core.Error(f"amp: '{amp}' is not one of None (the Trainer's precision), auto, "
                               "off, bf16, fp16")
@@ -192,10 +225,19 @@ class BatchTune(Callback):
         self.make_batch = make_batch
         self.loss_fn = loss_fn
         self.tune_kwargs = tune_kwargs
+        self.adapt = adapt
+        self.adapt_every = adapt_every
+        self.adapt_max_batch = adapt_max_batch
+        self.adapt_seed = adapt_seed
+        self.clock = clock
         self.result: Optional[TuneResult] = None
         self.plan: Optional[Plan] = None
         self._group = None
         self._restored: Optional[Plan] = None
+        self._restored_adapt: Optional[Dict[str, Any]] = None
+        self._adapt: Optional[LightningAdaptation] = None
+        self._fits = 0          # the largest micro-batch the tune saw fit (all ranks)
+        self._hooked = None     # (the data source, whose train_dataloader adapt wraps)
 
     # -- Lightning hooks ---------------------------------------------------
 
@@ -226,6 +268,8 @@ class BatchTune(Callback):
                 isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
             raise _core.Error("target_batch: a GradientAccumulationScheduler callback sets the "
                               "accumulation; remove it or leave target_batch unset")
+        if self.adapt:
+            self._check_adapt(trainer)
 
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         plan = self._restored
@@ -233,13 +277,107 @@ class BatchTune(Callback):
             plan = self._tune(trainer, pl_module)
         self.plan = plan
         self._apply(trainer, pl_module, plan, resumed=self._restored is not None)
+        if self.adapt:
+            self._start_adapt(trainer, pl_module, plan)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"plan": self.plan.to_dict()} if self.plan is not None else {}
+        state: Dict[str, Any] = {"plan": self.plan.to_dict()} if self.plan is not None else {}
+        if self._adapt is not None:
+            state["adapt"] = self._adapt.state_dict()
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         if state_dict.get("plan"):
             self._restored = Plan(**state_dict["plan"])
+        self._restored_adapt = state_dict.get("adapt")
+
+    @property
+    def batch_schedule(self) -> List[Dict[str, Any]]:
+        """With adapt: one entry per change of the global batch (the first the
+        start): step (the optimizer step it took effect at), global_batch_size,
+        micro_batch_size, accumulation_steps, lr, noise_scale, reason — as
+        `batchtune.Trainer.batch_schedule`. Empty without adapt."""
+        return [dict(c) for c in self._adapt.schedule] if self._adapt is not None else []
+
+    @property
+    def noise_scale(self) -> Optional[float]:
+        """With adapt: the gradient noise scale measured so far (None before)."""
+        if self._adapt is None:
+            return None
+        self._adapt.adaptation._flush()
+        return self._adapt.adaptation.noise.noise_scale()
+
+    # -- adapt: the hooks of a step ----------------------------------------
+
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self._adapt is not None:
+            self._adapt.trained = 0
+
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                             batch: Any, batch_idx: int) -> None:
+        a = self._adapt
+        if a is None:
+            return
+        if not a.batches.handed:
+            raise _core.Error("adapt: the train dataloader's batch did not come from BatchTune's "
+                              "batch sampler; return the DataLoader from train_dataloader() "
+                              "unchanged (no wrapper around it)")
+        info = a.batches.handed.popleft()
+        a.info = info
+        a.stepped = False
+        if info["first"]:
+            a.small = None
+        # Lightning divides the loss by it and steps where its count reaches a
+        # multiple of it: the micro-batches of this step.
+        trainer.accumulate_grad_batches = info["accumulate"]
+        if info["change"] is not None:
+            self._adapt_started(trainer, pl_module, info["change"])
+        if info["first"]:
+            a.apply_gain(trainer, trainer.global_step)
+
+    def on_after_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self._adapt is not None:
+            scaler = getattr(trainer.precision_plugin, "scaler", None)
+            self._adapt.measure_first_part(pl_module,
+                                           scaler.get_scale() if scaler is not None else 1.0)
+
+    def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                                 optimizer: torch.optim.Optimizer) -> None:
+        if self._adapt is not None:
+            self._adapt.measure_step(pl_module)
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        a = self._adapt
+        if a is None or a.info is None:
+            return
+        a.trained += 1
+        if not (a.info["last"] and a.stepped):
+            return
+        a.adaptation.trained(a.info["step_samples"])
+        step = trainer.global_step
+        pl_module.log("batchtune/global_batch_size", float(a.current.global_batch_size),
+                      on_step=True, on_epoch=False)
+        if step % a.adaptation.every != 0 or a.pending is not None:
+            return
+        change = a.adaptation.decide(step, a.current, pl_module.device)
+        if change is None:
+            return
+        # The loader has handed out batches ahead of the training: the change
+        # starts at the first step it has not begun (the schedule says which).
+        a.pending = {"change": change, "pass": a.batches.passes, "not_before": a.batches.index}
+        a.batches.pending = dict(a.pending)
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self._adapt is not None:
+            self._adapt.batches.end_pass()
+            self._adapt.trained = 0
+
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                 stage: Optional[str] = None) -> None:
+        if self._hooked is not None:
+            self._hooked.__dict__.pop("train_dataloader", None)
+            self._hooked = None
 
     # -- the tune ----------------------------------------------------------
 
@@ -329,6 +467,7 @@ class BatchTune(Callback):
         if not result.complete:
             raise KeyboardInterrupt
         own = result.chosen_batch_size
+        self._fits = result.max_batch_size
         if world <= 1:
             if own < 1:
                 self._none_fits(pl_module, result, "here")
@@ -337,6 +476,8 @@ class BatchTune(Callback):
         # the first rank that chose it, which planned the job for itself.
         root = trainer.strategy.root_device
         job = int(trainer.strategy.reduce(torch.tensor(own, device=root), reduce_op="min").item())
+        self._fits = int(trainer.strategy.reduce(torch.tensor(self._fits, device=root),
+                                                 reduce_op="min").item())
         if job < 1:
             self._none_fits(pl_module, result, "on some rank" if own >= 1 else "here")
         holder = world if own != job else rank
@@ -426,3 +567,84 @@ class BatchTune(Callback):
             scheduler._batchtune_warmup = True
             trainer.strategy.lr_scheduler_configs = [LRSchedulerConfig(scheduler, interval="step")]
             said.append(f"linear warm-up over {steps} optimizer steps")
+
+    # -- adapt -------------------------------------------------------------
+
+    def _check_adapt(self, trainer: "pl.Trainer") -> None:
+        strategy = trainer.strategy
+        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or \
+                strategy.handles_gradient_accumulation:
+            raise _core.Error(f"adapt: runs on one device or under DDP, not with "
+                              f"{type(strategy).__name__}; use strategy='ddp' or leave adapt off")
+        if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            raise _core.Error("adapt: sets the accumulation of every step, which a "
+                              "GradientAccumulationScheduler callback sets too; remove it or leave "
+                              "adapt off")
+        for name in ("val_check_interval", "limit_train_batches"):
+            value = getattr(trainer, name)
+            if isinstance(value, float) and value != 1.0:
+                raise _core.Error(f"{name}: {value} is a share of the epoch's batches, whose number "
+                                  f"changes with the batch under adapt; give a number of batches "
+                                  f"(an int) or 1.0")
+        if trainer.reload_dataloaders_every_n_epochs:
+            raise _core.Error("adapt: the train dataloader's batch sampler carries the data's place "
+                              "across epochs; leave reload_dataloaders_every_n_epochs at 0")
+
+    def _start_adapt(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                     plan: Plan) -> None:
+        source = trainer.fit_loop._data_source
+        instance = source.instance
+        if instance is None or not hasattr(instance, "train_dataloader"):
+            raise _core.Error("adapt: needs the train dataloader from train_dataloader() of the "
+                              "LightningModule or the LightningDataModule")
+        instance.__dict__.pop("train_dataloader", None)  # a wrapper a failed fit left
+        original = instance.train_dataloader
+        loader = _one_loader(original())
+        try:
+            size = len(loader.dataset)
+        except TypeError:
+            raise _core.Error("adapt: the train dataloader's data set has no len(); adapt hands "
+                              "out its indices, so give a map-style data set") from None
+        batches = _Batches(size, shuffled(loader), self.adapt_seed, trainer.global_rank,
+                           trainer.world_size, plan.micro_batch_size, plan.accumulation_steps)
+        adapt = LightningAdaptation(plan, self.adapt_every, self.adapt_max_batch, self.clock,
+                                    batches)
+        if self._fits > 0:
+            # Lightning has no out-of-memory recovery: the micro-batch grows up
+            # to what the tune saw fit, then the step accumulates.
+            adapt.adaptation.adapter.cap_micro_batch(max(self._fits, plan.micro_batch_size))
+        if self._restored_adapt is not None:
+            adapt.load_state_dict(self._restored_adapt)
+            self._restored_adapt = None
+            c = adapt.current
+            rank_zero_info(f"batchtune: adapt resumed at global batch {c.global_batch_size} "
+                           f"(micro-batch {c.micro_batch_size} x {c.accumulation_steps}), "
+                           f"{len(adapt.schedule) - 1} change(s) so far")
+        self._adapt = adapt
+
+        def train_dataloader():
+            return adaptive_loader(_one_loader(original()), batches)
+
+        # Lightning asks the data source for the loader (again) after
+        # on_fit_start; this one hands out the adapted micro-batches.
+        instance.__dict__["train_dataloader"] = train_dataloader
+        self._hooked = instance
+
+    def _adapt_started(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                       change: Dict[str, Any]) -> None:
+        """The first batch of a change decided earlier is being trained."""
+        a = self._adapt
+        step = trainer.global_step
+        lr_now = a.adaptation.lr_at(step, a.current.lr)
+        before = a.current.global_batch_size
+        change = dict(change, step=step)
+        for key in ("global_batch_size", "micro_batch_size", "accumulation_steps", "lr"):
+            setattr(a.current, key, change[key])
+        a.adaptation.apply(change, step, lr_now)
+        a.adaptation.restart_window()
+        a.pending = None
+        lightning_setattr(pl_module, self.batch_arg_name, change["micro_batch_size"])
+        rank_zero_info(f"batchtune: step {step}: global batch {before} -> "
+                       f"{change['global_batch_size']} (micro-batch {change['micro_batch_size']} "
+                       f"x {change['accumulation_steps']}), lr {change['lr']:.3g}: "
+                       f"{change['reason']}")
