@@ -33,7 +33,11 @@ std::unique_ptr<Sampler> make_flagged_sampler(const MonitorFlags& flags) {
     throw Error(fmt::format("--pid: watches a process's CPU use; drop --device {} or use cpu",
                             flags.device));
   }
-  return std::make_unique<ProcessCpuSampler>(flags.pid);
+  try {
+    return std::make_unique<ProcessCpuSampler>(flags.pid);
+  } catch (const Error& e) {
+    throw Error(std::string("--pid: ") + e.what());
+  }
 }
 
 int run_monitor(const MonitorFlags& flags) {

@@ -54,7 +54,8 @@ int run_probe(const ProbeFlags& flags) {
   ResolvedWorkload resolved = resolve_workload(flags.workload);
   // The step at the precision training would use (auto: as train resolves it).
   const AmpChoice amp = choose_amp(asked, *resolved.workload, *resolved.memory,
-                                   std::min(std::max<int64_t>(flags.batch_size, 1), kAmpProbeMaxBatch));
+                                   std::min(std::max<int64_t>(flags.batch_size, 1), kAmpProbeMaxBatch),
+                                   FrontEnd::kCli);
   TrialRunner runner(*resolved.workload, *resolved.memory, flags.margin, amp.mode);
   const TrialResult result = runner.run(TrialOptions()
                                             .batch_size(flags.batch_size)

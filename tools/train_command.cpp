@@ -417,7 +417,6 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
   nlohmann::json json = to_json(summary);
   json["skipped_samples"] = data.train->skipped_samples();
-  json["data_wait_fraction"] = summary.data_wait_fraction;
   json["input_bound"] = summary.data_wait_fraction >= kInputBoundWait;
   if (!flags.json.empty() && job.primary()) write_json_output(flags.json, json);
   return summary.complete ? 0 : interrupt_exit_code();

@@ -42,6 +42,9 @@ constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kMultipleOf, "--multiple-of", "multiple_of"},
     {Option::kLr, "--lr", "lr"},
     {Option::kWorldSize, "--world-size", "world_size"},
+    {Option::kDevice, "--device", "device"},
+    {Option::kSteps, "--steps", "steps"},
+    {Option::kData, "--data", "data"},
 }};
 
 const OptionNames& names_of(Option option) {

@@ -134,7 +134,7 @@ void DataParallel::average_gradients(const std::vector<at::Tensor>& parameters,
   if (worst == kNoGradients) {
     throw Error(fmt::format(
         "train: out of memory making the gradients to average ({}); the model's gradients do "
-        "not fit beside its parameters and optimizer state — use a larger --memory-limit or a "
+        "not fit beside its parameters and optimizer state — use a larger memory limit or a "
         "smaller model",
         status == kNoGradients ? oom_message : "on another rank"));
   }

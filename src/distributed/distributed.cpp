@@ -19,6 +19,7 @@
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/option.h"
 #include "distributed/nccl_options.h"
 #include "distributed/rendezvous.h"
 #include "distributed/wait.h"
@@ -134,9 +135,10 @@ class C10dCommunicator final : public Communicator {
         backend_ = nccl;
         name_ = "nccl";
 #else
-        throw Error(fmt::format("--device {}: this build has no NCCL (nccl.h was not found when "
-                                "it was configured); train data-parallel on cpu, or rebuild",
-                                device.str()));
+        throw OptionError(Option::kDevice,
+                          fmt::format("{}: this build has no NCCL (nccl.h was not found when it "
+                                      "was configured); train data-parallel on cpu, or rebuild",
+                                      device.str()));
 #endif
       } else {
         auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -294,7 +296,7 @@ class C10dCommunicator final : public Communicator {
       }
       if (silent.empty()) {
         return "every other rank is still alive: one of them failed or is slower than "
-               "--timeout";
+               "the collective timeout";
       }
       std::vector<std::string> names;
       for (int64_t r : silent) names.push_back(std::to_string(r));
@@ -339,7 +341,8 @@ std::unique_ptr<Communicator> make_communicator(const RankEnvironment& env, c10:
                                                 Clock& clock) {
   if (!env.distributed()) return make_local_communicator();
   if (timeout.count() <= 0) {
-    throw Error(fmt::format("--timeout: must be positive, got {} ms", timeout.count()));
+    throw Error(fmt::format("the collective timeout must be positive, got {} ms",
+                            timeout.count()));
   }
   quiet_c10d_diagnostics();
   return std::make_unique<C10dCommunicator>(env, device, timeout, clock);

@@ -34,7 +34,7 @@ class CachingAllocatorMemory final : public DeviceMemory {
           limit ? "give a larger " + mention(Option::kMemoryLimit)
                 : std::string("free the GPU or use another device"));
       if (limit) throw OptionError(Option::kMemoryLimit, detail);
-      throw Error("--device: " + detail);
+      throw OptionError(Option::kDevice, detail);
     }
     // Every later call on this thread (the model, the step, the
     // synchronisation) runs on this device, and no other device gets a

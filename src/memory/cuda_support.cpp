@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "memory/caching_allocator_memory.h"
 #include "monitoring/nvml_memory.h"
 
@@ -44,13 +45,13 @@ class CudaDevice final : public CudaDeviceApi {
     std::string reason;
     const int count = device_count(&reason);
     if (count == 0) {
-      throw Error(fmt::format("--device cuda:{}: no CUDA device here ({}); use --device cpu",
-                              index, reason));
+      throw OptionError(Option::kDevice,
+                        fmt::format("cuda:{}: no CUDA device here ({}); use cpu", index, reason));
     }
     if (index < 0 || index >= count) {
-      throw Error(fmt::format("--device cuda:{}: there are only {} CUDA device(s), numbered "
-                              "from 0",
-                              index, count));
+      throw OptionError(Option::kDevice,
+                        fmt::format("cuda:{}: there are only {} CUDA device(s), numbered from 0",
+                                    index, count));
     }
     // LibTorch's CUDA state, the caching allocator's per-device state
     // included, is made with the first CUDA tensor; until then the allocator

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "memory/cuda_support.h"
 
 namespace batchtune::cuda {
@@ -18,10 +19,10 @@ std::string driver_version() { return {}; }
 std::string pci_bus_id(int) { return {}; }
 
 std::unique_ptr<DeviceMemory> make_memory(int index, std::optional<int64_t>) {
-  throw Error(fmt::format(
-      "--device cuda:{}: batchtune was built against a LibTorch without CUDA; "
-      "use --device cpu or rebuild against a CUDA LibTorch",
-      index));
+  throw OptionError(Option::kDevice,
+                    fmt::format("cuda:{}: batchtune was built against a LibTorch without CUDA; "
+                                "use cpu or rebuild against a CUDA LibTorch",
+                                index));
 }
 
 void set_current_device(int) {}

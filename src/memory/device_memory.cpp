@@ -55,8 +55,8 @@ std::unique_ptr<DeviceMemory> make_device_memory(const c10::Device& device,
                                                  std::optional<int64_t> limit) {
   if (device.is_cuda()) return cuda::make_memory(device.index() < 0 ? 0 : device.index(), limit);
   if (!device.is_cpu()) {
-    throw Error(fmt::format("--device: '{}' is not supported; use cpu or cuda[:N]",
-                            device.str()));
+    throw OptionError(Option::kDevice,
+                      fmt::format("'{}' is not supported; use cpu or cuda[:N]", device.str()));
   }
   BudgetAllocator& budget = BudgetAllocator::install();
   const int64_t capacity = limit.value_or(static_cast<int64_t>(
@@ -85,16 +85,18 @@ c10::Device parse_device(const std::string& text) {
              text.find_first_not_of("0123456789", 5) == std::string::npos) {
     index = std::stoi(text.substr(5));
   } else {
-    throw Error(fmt::format("--device: cannot read '{}'; use auto, cpu, cuda or cuda:N", text));
+    throw OptionError(Option::kDevice,
+                      fmt::format("cannot read '{}'; use auto, cpu, cuda or cuda:N", text));
   }
   const auto gpus = cuda::devices(&reason);
   if (gpus.empty()) {
-    throw Error(fmt::format("--device {}: no CUDA device here ({}); use --device cpu",
-                            text, reason));
+    throw OptionError(Option::kDevice,
+                      fmt::format("{}: no CUDA device here ({}); use cpu", text, reason));
   }
   if (index >= static_cast<int>(gpus.size())) {
-    throw Error(fmt::format("--device {}: there are only {} CUDA device(s), numbered from 0",
-                            text, gpus.size()));
+    throw OptionError(Option::kDevice,
+                      fmt::format("{}: there are only {} CUDA device(s), numbered from 0", text,
+                                  gpus.size()));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }

@@ -50,7 +50,7 @@ ProcessCpuSampler::ProcessCpuSampler(int pid, Clock& clock, std::string rapl_ene
       cores_(cores_of(pid_)) {
   std::string error;
   if (read_first_line(proc_dir_ + "/stat", &error).empty()) {
-    throw Error(fmt::format("--pid {}: no such process ({})", pid_, error));
+    throw Error(fmt::format("process {}: no such process ({})", pid_, error));
   }
   std::string rapl_error;
   const std::string raw = read_first_line(rapl_path_, &rapl_error);

@@ -27,69 +27,6 @@ std::string format_duration(double seconds) {
 
 }  // namespace
 
-nlohmann::json to_json(const TrainSummary& s) {
-  nlohmann::json j = {
-      {"steps", s.steps},
-      {"samples", s.samples},
-      {"epochs", s.epochs},
-      {"final_loss", s.final_loss},
-      {"test_accuracy", s.test_accuracy ? nlohmann::json(*s.test_accuracy) : nlohmann::json()},
-      {"oom_recoveries", s.oom_recoveries},
-      {"skipped_steps", s.skipped_steps},
-      {"loss_scale", s.loss_scale ? nlohmann::json(*s.loss_scale) : nlohmann::json()},
-      {"micro_batch_size", s.micro_batch_size},
-      {"accumulation_steps", s.accumulation_steps},
-      {"global_batch_size", s.global_batch_size},
-      {"world_size", s.world_size},
-      {"seconds", s.seconds},
-      {"samples_per_s", s.samples_per_s},
-      {"tokens_per_s", s.tokens > 0 ? nlohmann::json(s.tokens_per_s) : nlohmann::json(nullptr)},
-      {"noise_scale", s.noise_scale ? nlohmann::json(*s.noise_scale) : nlohmann::json()},
-      {"complete", s.complete},
-      {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
-  };
-  if (s.padded_tokens > 0) {
-    j["tokens"] = s.tokens;
-    j["padded_tokens"] = s.padded_tokens;
-    j["padding_share"] =
-        s.padded_tokens > 0
-            ? 1.0 - static_cast<double>(s.tokens) / static_cast<double>(s.padded_tokens)
-            : 0.0;
-    j["token_budget"] = s.token_budget > 0 ? nlohmann::json(s.token_budget) : nlohmann::json();
-    j["target_tokens"] = s.target_tokens > 0 ? nlohmann::json(s.target_tokens) : nlohmann::json();
-    j["micro_batches"] = s.micro_batches;
-    // What one optimizer step held, on average: a token-budget step is
-    // micro-batches of varying sample counts, so no "micro x accumulation".
-    const auto per_step = [&](int64_t count) {
-      return s.steps > 0 ? nlohmann::json(static_cast<double>(count) / static_cast<double>(s.steps))
-                         : nlohmann::json();
-    };
-    j["tokens_per_step"] = per_step(s.tokens);
-    j["samples_per_step"] = per_step(s.samples);
-    j["micro_batches_per_step"] = per_step(s.micro_batches);
-  }
-  // --adapt: one entry per change of the global batch, the first the start.
-  if (!s.batch_schedule.empty()) {
-    j["batch_schedule"] = nlohmann::json::array();
-    for (const auto& change : s.batch_schedule) j["batch_schedule"].push_back(to_json(change));
-  }
-  // Null without a target; the *_to_target fields null unless it was reached.
-  j["target"] = s.target ? nlohmann::json{{"metric", s.target->metric},
-                                          {"value", s.target->value},
-                                          {"reached", s.target_reached}}
-                         : nlohmann::json();
-  j["steps_to_target"] = s.steps_to_target ? nlohmann::json(*s.steps_to_target) : nlohmann::json();
-  j["seconds_to_target"] =
-      s.seconds_to_target ? nlohmann::json(*s.seconds_to_target) : nlohmann::json();
-  j["samples_to_target"] =
-      s.samples_to_target ? nlohmann::json(*s.samples_to_target) : nlohmann::json();
-  // Only when a time limit ended the run (the noise run of a tune).
-  if (s.time_limit_reached) j["time_limit_reached"] = true;
-  // Only on a re-emitted summary (--resume of a finished run).
-  if (s.already_finished) j["already_finished"] = true;
-  return j;
-}
-
 void print_plan(std::ostream& out, const Plan& p) {
   const std::string schedule = fmt::format(
       "lr {:.6g} ({}), warm-up {} steps, amp {}", p.lr,

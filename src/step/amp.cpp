@@ -8,6 +8,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/estimate.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/option.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/workload.h"
@@ -99,18 +100,30 @@ AmpChoice choose_cuda_amp(int compute_major, int compute_minor) {
                       compute_major, compute_minor, kCudaBf16MinComputeMajor)};
 }
 
-void check_amp_device(AmpMode amp, c10::Device device, const std::string& what) {
+namespace {
+
+/// What is wrong with training at `amp` on `device`, or nothing.
+std::string amp_device_problem(AmpMode amp, c10::Device device) {
   if (amp == AmpMode::kFp16 && !device.is_cuda()) {
-    throw Error(fmt::format("{}: fp16 autocast is for CUDA devices, and this runs on {}; use bf16 "
-                            "or off",
-                            what, device.str()));
+    return fmt::format("fp16 autocast is for CUDA devices, and this runs on {}; use bf16 or off",
+                       device.str());
   }
+  return {};
 }
 
-AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device) {
+}  // namespace
+
+void check_amp_device(AmpMode amp, c10::Device device, const std::string& what) {
+  const std::string problem = amp_device_problem(amp, device);
+  if (!problem.empty()) throw Error(what + ": " + problem);
+}
+
+AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device, FrontEnd front_end) {
   if (requested != AmpMode::kAuto) {
-    check_amp_device(requested, device, "--amp");
-    return {requested, fmt::format("amp {}: as asked with --amp", amp_name(requested))};
+    const std::string problem = amp_device_problem(requested, device);
+    if (!problem.empty()) throw OptionError(Option::kAmp, problem);
+    return {requested, fmt::format("amp {}: {}", amp_name(requested),
+                                   as_asked(Option::kAmp, front_end, {}))};
   }
   TORCH_CHECK(device.is_cuda(), "resolve_amp_unmeasured: amp auto on the CPU is measured");
   std::string reason;
@@ -123,10 +136,10 @@ AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device) {
 }
 
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
-                     int64_t batch_size) {
+                     int64_t batch_size, FrontEnd front_end) {
   const c10::Device device = memory.device();
   if (requested != AmpMode::kAuto || device.is_cuda()) {
-    return resolve_amp_unmeasured(requested, device);
+    return resolve_amp_unmeasured(requested, device, front_end);
   }
   TrialRunner fp32_runner(workload, memory, kDefaultMargin, AmpMode::kOff);
   TrialRunner bf16_runner(workload, memory, kDefaultMargin, AmpMode::kBf16);

@@ -146,12 +146,14 @@ TrialRunner::~TrialRunner() = default;
 
 TrialResult TrialRunner::run(const TrialOptions& options) {
   if (options.batch_size() < 1) {
-    throw Error(fmt::format("--batch-size: must be at least 1, got {}", options.batch_size()));
+    throw OptionError(Option::kBatchSize,
+                      fmt::format("must be at least 1, got {}", options.batch_size()));
   }
   if (options.steps() < 1 || options.warmup_steps() < 0) {
-    throw Error(fmt::format("--steps: need at least 1 timed step and no negative warm-up, got "
-                            "{} and {}",
-                            options.steps(), options.warmup_steps()));
+    throw OptionError(Option::kSteps,
+                      fmt::format("need at least 1 timed step and no negative warm-up, got {} "
+                                  "and {}",
+                                  options.steps(), options.warmup_steps()));
   }
   TrialSubject& subject = *subject_;
   TrialResult result;
@@ -201,7 +203,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
         if (!std::isfinite(first)) {
           throw Error(fmt::format(
               "trial at batch {}: the loss is {} after the first step; this is not a size "
-              "limit — check the model, the input spec and --lr",
+              "limit — check the model, the input spec and the learning rate",
               options.batch_size(), first));
         }
       }

@@ -11,6 +11,7 @@
 #include <torch/utils.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 #include "step/training_snapshot.h"
 
@@ -159,7 +160,7 @@ Workload::Workload(WorkloadOptions options) : Workload(std::move(options), nullp
 Workload::Workload(WorkloadOptions options, std::unique_ptr<Model> model)
     : options_(std::move(options)), spec_(resolve_input_spec(options_)) {
   if (!(options_.lr() > 0)) {
-    throw Error(fmt::format("--lr: must be positive, got {}", options_.lr()));
+    throw OptionError(Option::kLr, fmt::format("must be positive, got {}", options_.lr()));
   }
   torch::manual_seed(options_.seed());
   if (model) {

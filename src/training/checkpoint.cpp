@@ -23,6 +23,7 @@
 #include "batchtune/common/file_roles.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
+#include "batchtune/training/train_summary_json.h"
 #include "training/checkpoint_json.h"
 
 namespace batchtune {
@@ -175,7 +176,7 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
       {"parameters", names_of(params)},
       {"buffers", names_of(buffers)},
       {"crc32", crcs},
-      {"summary", record.summary ? to_json_full(*record.summary) : nlohmann::json()},
+      {"summary", record.summary ? to_json(*record.summary) : nlohmann::json()},
   };
   if (record.adapt) meta["adapt"] = *record.adapt;
   const std::string meta_text = meta.dump();

@@ -1,8 +1,9 @@
 #pragma once
 
-// The JSON of a checkpoint's record: the run's identity and the finished
-// run's summary, as `write_checkpoint` stores them and `read_checkpoint`
-// reads them back.
+// The JSON of a checkpoint's record: the run's identity, as
+// `write_checkpoint` stores it and `read_checkpoint` reads it back (the
+// finished run's summary is stored as its report is written:
+// training/train_summary_json.h).
 
 #include <nlohmann/json.hpp>
 
@@ -13,10 +14,5 @@ namespace batchtune {
 nlohmann::json to_json(const RunIdentity& identity);
 /// Throws `nlohmann::json::exception` for a missing or mistyped field.
 RunIdentity identity_from_json(const nlohmann::json& j);
-
-/// The whole summary, so that a finished run's is re-emitted as it was.
-nlohmann::json to_json_full(const TrainSummary& summary);
-/// Throws `nlohmann::json::exception` for a missing or mistyped field.
-TrainSummary summary_from_json(const nlohmann::json& j);
 
 }  // namespace batchtune

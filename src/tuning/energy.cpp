@@ -62,9 +62,11 @@ Selection select_energy(const std::vector<SweepRow>& rows, double eta,
                         const std::string& unavailable_reason) {
   const std::vector<EnergyCost> costs = energy_costs(rows, eta);
   if (costs.empty()) {
-    throw Error(fmt::format("--objective energy: no sweep row has an energy reading ({}); use "
-                            "--objective throughput or goodput here",
-                            energy_unavailable_note(unavailable_reason)));
+    throw OptionError(Option::kObjective,
+                      fmt::format("energy: no sweep row has an energy reading ({}); use {} "
+                                  "throughput or goodput here",
+                                  energy_unavailable_note(unavailable_reason),
+                                  mention(Option::kObjective)));
   }
   const EnergyCost* best = &costs.front();
   const EnergyCost* least_energy = &costs.front();

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/data/dataset.h"
 #include "batchtune/memory/device_memory.h"
@@ -27,9 +28,10 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
   // Never a logical batch larger than the data.
   const int64_t micro = std::min(micro_batch, data.size() / kNoiseRunAccumulation);
   if (micro < 1) {
-    throw Error(fmt::format("--data: {} has too few samples to measure the noise scale (needs "
-                            "at least {}); use more data",
-                            data.describe(), kNoiseRunAccumulation));
+    throw OptionError(Option::kData,
+                      fmt::format("{} has too few samples to measure the noise scale (needs at "
+                                  "least {}); use more data",
+                                  data.describe(), kNoiseRunAccumulation));
   }
   const int64_t global = micro * kNoiseRunAccumulation;
   Plan plan = make_plan(

@@ -29,7 +29,8 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     if (request.amp) {
       amp = choose_amp(*request.amp, workload, memory,
                        std::min(request.micro_batch_size.value_or(file.micro_batch_size),
-                                kAmpProbeMaxBatch));
+                                kAmpProbeMaxBatch),
+                       request.front_end);
       if (amp.mode != file.amp) {
         amp.reason += fmt::format(" ({} overrides the plan's {})", name(Option::kAmp),
                                   amp_name(file.amp));
@@ -64,7 +65,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
   if (request.micro_batch_size) {
     const int64_t micro = *request.micro_batch_size;
     const AmpChoice amp = choose_amp(request.amp.value_or(AmpMode::kAuto), workload, memory,
-                                     std::min(micro, kAmpProbeMaxBatch));
+                                     std::min(micro, kAmpProbeMaxBatch), request.front_end);
     return build_plan(request,
                       {micro,
                        fmt::format("micro-batch {}: {}", micro,

@@ -33,11 +33,15 @@ enum class Option {
   kPrefetch,
   kMultipleOf,
   kLr,
-  kWorldSize,  ///< the last: `kOptionCount` counts up to it
+  kWorldSize,
+  kDevice,  ///< the device trained and measured on ("cpu", "cuda:1")
+  kSteps,   ///< a probe's timed steps
+  kData,    ///< the training data (`TuneOptions::data`; Python's tune makes its own batches)
+  kLast = kData,  ///< the last: `kOptionCount` counts up to it
 };
 
 /// How many `Option`s there are (their values run from 0 to this, less one).
-constexpr int kOptionCount = static_cast<int>(Option::kWorldSize) + 1;
+constexpr int kOptionCount = static_cast<int>(Option::kLast) + 1;
 
 /// Who shows a message: the command line or the Python package.
 enum class FrontEnd { kCli, kPython };

@@ -5,18 +5,13 @@
 #include <ostream>
 
 #include "batchtune/plan/plan.h"
+#include "batchtune/training/train_summary_json.h"
 #include "batchtune/training/trainer.h"
 
 namespace batchtune {
 
-/// JSON of `batchtune train --json`: `steps`, `samples`, `epochs`,
-/// `final_loss`, `test_accuracy` (null without a test split),
-/// `oom_recoveries`, `micro_batch_size`, `accumulation_steps`,
-/// `global_batch_size`, `world_size`, `seconds`, `samples_per_s`;
-/// `target` (`{metric, value, reached}`, null without one) and
-/// `steps_to_target`, `seconds_to_target`, `samples_to_target` (null unless
-/// the target was reached).
-nlohmann::json to_json(const TrainSummary& summary);
+// The JSON of `batchtune train --json` is `to_json(const TrainSummary&)`,
+// in training/train_summary_json.h (a checkpoint stores the same).
 
 /// A plan for people: the numbers, then one line per reason.
 void print_plan(std::ostream& out, const Plan& plan);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "batchtune/common/clock.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/precision.h"
 
 namespace batchtune {
@@ -103,8 +104,10 @@ struct AmpMeasureOptions {
 /// few alternating rounds of steps of `workload` at `batch_size` in fp32 and
 /// under bf16 autocast, comparing the fastest step of each,
 /// through the trial runner (so the workload is left as it was).
+/// `front_end` names the amp option in the reason ("as asked with --amp")
+/// and in the error.
 AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory,
-                     int64_t batch_size);
+                     int64_t batch_size, FrontEnd front_end);
 
 /// Refuses, with `batchtune::Error`, a precision `device` cannot train at:
 /// fp16 off CUDA (LibTorch's CPU fp16 autocast is not offered for training).
@@ -112,8 +115,9 @@ AmpChoice choose_amp(AmpMode requested, Workload& workload, DeviceMemory& memory
 void check_amp_device(AmpMode amp, c10::Device device, const std::string& what);
 
 /// `choose_amp` where nothing needs measuring: a mode asked for (fp16 on a
-/// CPU refused with `batchtune::Error`), or `auto` on CUDA by capability.
-AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device);
+/// CPU refused with `batchtune::OptionError` on `Option::kAmp`), or `auto`
+/// on CUDA by capability.
+AmpChoice resolve_amp_unmeasured(AmpMode requested, c10::Device device, FrontEnd front_end);
 
 /// `choose_amp`'s measurement on the CPU over any trial subject (the Python
 /// package's model): interleaved rounds, each an fp32 trial through `fp32`
