@@ -51,13 +51,15 @@ def parse():
     p.add_argument("--json", default=None)
     p.add_argument("--task", choices=["lenet", "gpt"], default="lenet")
     p.add_argument("--text", default="/usr/share/common-licenses", help="gpt: the text folder")
-    p.add_argument("--target-loss", type=float, default=2.0, help="gpt: the training loss")
+    p.add_argument("--target-loss", type=float, default=2.8, help="gpt: the training loss")
     p.add_argument("--memory-limit", default="256MiB", help="gpt: the tune's memory")
+    p.add_argument("--gpt", default="--layers 1 --heads 2 --width 64",
+                   help="gpt: the model's flags (small, so that a run takes a minute on a CPU)")
     args = p.parse_args()
     if args.task == "gpt" and "--grid" not in sys.argv:
-        args.grid = "256,512,1024,2048"
+        args.grid = "512,1024,2048,4096"
     if args.task == "gpt" and "--start" not in sys.argv:
-        args.start = "256"
+        args.start = "512"
     if args.repeats < 2:
         p.error("--repeats: at least 2 (a single run says nothing of its spread)")
     return args
@@ -66,7 +68,7 @@ def parse():
 def tune_text(args, out_dir):
     """The plan every gpt way starts from: tuned once, so all share one budget."""
     path = os.path.join(out_dir, "plan.json")
-    cmd = [args.batchtune, "tune", "--model", "gpt", "--data", f"text:{args.text}",
+    cmd = [args.batchtune, "tune", "--model", "gpt", *args.gpt.split(), "--data", f"text:{args.text}",
            "--amp", "off", "--memory-limit", args.memory_limit, "--seed", str(args.seed),
            "--json", path]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -78,6 +80,7 @@ def tune_text(args, out_dir):
 def run_text(args, way, plan, out_dir, index):
     path = os.path.join(out_dir, f"{index}.json")
     cmd = [args.batchtune, "train", "--data", f"text:{args.text}", "--model", "gpt",
+           *args.gpt.split(),
            "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(args.seed),
            "--epochs", str(args.epochs), "--target-loss", str(args.target_loss),
            "--log-every", "0", "--json", path]
