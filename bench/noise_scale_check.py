@@ -14,7 +14,10 @@ OSDI 2021, for the Adam family; v̂ as the optimizer holds it before the
 step), with the share of parameters whose v̂ is 0. Beside them it prints
 what `train --adapt` reads from its own measurements (the first half of a
 step's batch against the whole, one step in 10): the moving average (decay
-0.95) and the low end of ±1 jackknife standard error over the last 32.
+0.95) and the low end of ±1 jackknife standard error over the last 32; and
+what successive steps give for free (each step's gradient against the mean
+of it and the previous step's, as Pollux's implementation measures without
+accumulation), every step, averaged with decay 0.99.
 
 `samples` trains a fixed batch of each `--grid` size from each seed to
 `--target` test accuracy (evaluated every `--eval-samples` samples) and
@@ -37,6 +40,7 @@ BASE_LR, BASE_BATCH = 1e-3, 64  # the plan's default lr and the batch it belongs
 CHUNK = 32                  # samples per gradient of the reference estimate
 WINDOW, DECAY = 32, 0.95    # kNoiseScaleWindow, kDefaultNoiseScaleDecay
 MEASURE_EVERY = 10          # kAdaptNoiseEvery
+SUCCESSIVE_DECAY = 0.99     # one measurement a step: about the last 100 count
 
 
 def load(data, split):
@@ -72,6 +76,15 @@ def reference(grads):
     return float(trace / g2)
 
 
+def unbiased(small_batch, small, big_batch, big):
+    """McCandlish's |G|² and tr(Σ) from gradients at two batch sizes; `small`
+    may hold several gradients of `small_batch` (their squared norms averaged)."""
+    s2 = float(small.pow(2).sum()) / (small.shape[0] if small.dim() > 1 else 1)
+    b2 = float(big.pow(2).sum())
+    g2 = (big_batch * b2 - small_batch * s2) / (big_batch - small_batch)
+    return g2, (s2 - b2) / (1 / small_batch - 1 / big_batch)
+
+
 def adapt_reading(window, ema):
     g2, tr = np.array(window).T
     n = len(window)
@@ -87,12 +100,13 @@ def noise(args):
     model = lenet()
     opt = adam(model, args.batch)
     half = args.batch // 2
-    window, ema = [], [0.0, 0.0]
+    window, ema, successive, previous = [], [0.0, 0.0], [0.0, 0.0], None
     order, pos = torch.randperm(len(x)), 0
     print(f"batch {args.batch}, Adam lr {opt.param_groups[0]['lr']:.3g}; reference from "
           f"{args.chunks} x {CHUNK} samples\n")
-    print("| step | samples | raw | preconditioned | v̂ = 0 | --adapt reads (EMA, low end) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| step | samples | raw | preconditioned | v̂ = 0 | --adapt reads (EMA, low end) "
+          "| successive steps |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for step in range(args.steps + 1):
         if step > 0 and step % args.check_every == 0:
             picked = torch.randperm(len(x), generator=chunks)[:args.chunks * CHUNK]
@@ -103,7 +117,8 @@ def noise(args):
             pre = reference(grads / (v_hat.sqrt() + EPS))
             est, low = adapt_reading(window[-WINDOW:], ema)
             print(f"| {step} | {step * args.batch} | {reference(grads):.0f} | {pre:.3g} | "
-                  f"{float((v == 0).float().mean()) * 100:.1f} % | {est:.0f}, {low:.0f} |",
+                  f"{float((v == 0).float().mean()) * 100:.1f} % | {est:.0f}, {low:.0f} | "
+                  f"{successive[1] / successive[0]:.0f} |",
                   flush=True)
         if step == args.steps:
             break
@@ -115,12 +130,17 @@ def noise(args):
             # As the training step splits it: the first half alone, then the whole.
             small = gradient(model, x[i[:half]], y[i[:half]])
             big = (small + gradient(model, x[i[half:]], y[i[half:]])) / 2
-            s2, b2 = float(small.pow(2).sum()), float(big.pow(2).sum())
-            g2 = (args.batch * b2 - half * s2) / (args.batch - half)
-            tr = (s2 - b2) / (1 / half - 1 / args.batch)
+            g2, tr = unbiased(half, small, args.batch, big)
             window.append((g2, tr))
             ema = [DECAY * ema[0] + (1 - DECAY) * g2, DECAY * ema[1] + (1 - DECAY) * tr]
-        gradient(model, x[i], y[i])
+        g = gradient(model, x[i], y[i])
+        if previous is not None:
+            # Two batches of B on nearly the same parameters: B against 2B.
+            g2, tr = unbiased(args.batch, torch.stack([g, previous]), 2 * args.batch,
+                              (g + previous) / 2)
+            d = SUCCESSIVE_DECAY
+            successive = [d * successive[0] + (1 - d) * g2, d * successive[1] + (1 - d) * tr]
+        previous = g.clone()
         opt.step()
 
 
