@@ -17,9 +17,10 @@ fixed 64, ..., adapt, fixed 32, ...) so that a change in the machine's load
 falls on all of them; each runs `--repeats` times on each seed of `--seeds`
 and the table gives medians of the runs that reached the target. One seed is
 one trajectory: a fixed batch's samples to the target are the same in every
-repeat of a seed, so only other seeds show how far they move (lenet: by a few
-evaluations either way), and a second table gives them per seed. `seconds_to_target` is
-training time only (evaluation excluded); the wall column is the whole
+repeat of a seed, so only other seeds show how far they move (lenet in
+PyTorch, `bench/noise_scale_check.py samples`: 40,000-54,400 samples at batch
+32 over five seeds), and a second table gives them per seed.
+`seconds_to_target` is training time only (evaluation excluded); the wall column is the whole
 command. The adaptive run of median time prints its schedule (step, global
 batch, lr, noise scale).
 """
