@@ -19,7 +19,7 @@ and the table gives medians of the runs that reached the target. One seed is
 one trajectory: a fixed batch's samples to the target are the same in every
 repeat of a seed, so only other seeds show how far they move (lenet in
 PyTorch, `bench/noise_scale_check.py samples`: 40,000-54,400 samples at batch
-32 over five seeds), and a second table gives them per seed.
+32 over six seeds), and a second table gives them per seed.
 `seconds_to_target` is training time only (evaluation excluded); the wall column is the whole
 command. The adaptive run of median time prints its schedule (step, global
 batch, lr, noise scale).
