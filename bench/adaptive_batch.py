@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Does a batch that follows the gradient noise scale reach the target
 sooner than the best fixed batch? `train --adapt` against a grid of fixed
-global batches, from the same seed, each to the same test accuracy.
+global batches, from the same seeds, each to the same test accuracy.
 
     python bench/adaptive_batch.py [--batchtune build/batchtune] [--repeats 3]
-        [--grid 32,64,128,256] [--start 32,64] [--json FILE]
+        [--seeds 0,1,2] [--grid 32,64,128,256] [--start 32,64] [--json FILE]
 
 lenet on Fashion-MNIST (`--data fashion-mnist`) to 85 % test accuracy. Each
 fixed way is `train --batch-size G` (the lr scaled from the default 1e-3 at
@@ -14,9 +14,13 @@ training samples whatever the batch (`--eval-every-samples`), so that no
 way is found late for want of an evaluation, and all run at `--amp off`
 (no precision measurement in the timing). The ways take turns (fixed 32,
 fixed 64, ..., adapt, fixed 32, ...) so that a change in the machine's load
-falls on all of them; each runs `--repeats` times and the table gives
-medians of the runs that reached the target. `seconds_to_target` is
-training time only (evaluation excluded); the wall column is the whole
+falls on all of them; each runs `--repeats` times on each seed of `--seeds`
+and the table gives medians of the runs that reached the target. One seed is
+one trajectory: a fixed batch's samples to the target are the same in every
+repeat of a seed, so only other seeds show how far they move (lenet in
+PyTorch, `bench/noise_scale_check.py samples`: 40,000-54,400 samples at batch
+32 over six seeds), and a second table gives them per seed.
+`seconds_to_target` is training time only (evaluation excluded); the wall column is the whole
 command. The adaptive run of median time prints its schedule (step, global
 batch, lr, noise scale).
 
@@ -44,7 +48,8 @@ def parse():
     p.add_argument("--grid", default="32,64,128,256", help="the fixed global batches")
     p.add_argument("--start", default="32,64", help="where --adapt starts (each a way)")
     p.add_argument("--adapt-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0",
+                   help="comma-separated seeds; every way runs on each")
     p.add_argument("--target-accuracy", type=float, default=0.85)
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--eval-samples", type=int, default=3200)
@@ -65,11 +70,11 @@ def parse():
     return args
 
 
-def tune_text(args, out_dir):
+def tune_text(args, seed, out_dir):
     """The plan every gpt way starts from: tuned once, so all share one budget."""
-    path = os.path.join(out_dir, "plan.json")
+    path = os.path.join(out_dir, f"plan-{seed}.json")
     cmd = [args.batchtune, "tune", "--model", "gpt", *args.gpt.split(), "--data", f"text:{args.text}",
-           "--amp", "off", "--memory-limit", args.memory_limit, "--seed", str(args.seed),
+           "--amp", "off", "--memory-limit", args.memory_limit, "--seed", str(seed),
            "--json", path]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
@@ -77,11 +82,11 @@ def tune_text(args, out_dir):
     return path
 
 
-def run_text(args, way, plan, out_dir, index):
+def run_text(args, way, seed, plan, out_dir, index):
     path = os.path.join(out_dir, f"{index}.json")
     cmd = [args.batchtune, "train", "--data", f"text:{args.text}", "--model", "gpt",
            *args.gpt.split(),
-           "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(args.seed),
+           "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(seed),
            "--epochs", str(args.epochs), "--target-loss", str(args.target_loss),
            "--log-every", "0", "--json", path]
     if isinstance(way, str):  # "adapt:START"
@@ -97,13 +102,14 @@ def run_text(args, way, plan, out_dir, index):
     with open(path) as f:
         summary = json.load(f)
     summary["wall_s"] = wall
+    summary["seed"] = seed
     return summary
 
 
-def run(args, way, out_dir, index):
+def run(args, way, seed, out_dir, index):
     path = os.path.join(out_dir, f"{index}.json")
     cmd = [args.batchtune, "train", "--data", "fashion-mnist", "--model", "lenet",
-           "--amp", "off", "--seed", str(args.seed), "--epochs", str(args.epochs),
+           "--amp", "off", "--seed", str(seed), "--epochs", str(args.epochs),
            "--target-accuracy", str(args.target_accuracy),
            "--eval-every-samples", str(args.eval_samples), "--log-every", "0",
            "--json", path]
@@ -120,6 +126,7 @@ def run(args, way, out_dir, index):
     with open(path) as f:
         summary = json.load(f)
     summary["wall_s"] = wall
+    summary["seed"] = seed
     return summary
 
 
@@ -138,27 +145,30 @@ def main():
     args = parse()
     starts = [int(b) for b in args.start.split(",")]
     ways = [int(g) for g in args.grid.split(",")] + [f"adapt:{b}" for b in starts]
+    seeds = [int(s) for s in args.seeds.split(",")]
     runs = {way: [] for way in ways}
     text = args.task == "gpt"
     with tempfile.TemporaryDirectory() as out_dir:
-        plan = tune_text(args, out_dir) if text else None
+        plans = {seed: tune_text(args, seed, out_dir) for seed in seeds} if text else {}
         index = 0
         for _ in range(args.repeats):
-            for way in ways:
-                runs[way].append(run_text(args, way, plan, out_dir, index) if text
-                                 else run(args, way, out_dir, index))
-                index += 1
-                print(f"{way}: {runs[way][-1].get('seconds_to_target')}", file=sys.stderr)
+            for seed in seeds:
+                for way in ways:
+                    runs[way].append(run_text(args, way, seed, plans[seed], out_dir, index)
+                                     if text else run(args, way, seed, out_dir, index))
+                    index += 1
+                    print(f"{way} seed {seed}: {runs[way][-1].get('seconds_to_target')}",
+                          file=sys.stderr)
 
     if text:
         print(f"gpt on {args.text} to a training loss of {args.target_loss} (mean of 10 steps, "
               f"at most {args.epochs} epochs), the batch in real tokens per step; medians of "
-              f"{args.repeats} runs that reached it\n")
+              f"{args.repeats} runs on each of {len(seeds)} seeds that reached it\n")
         print("| way | reached | steps | tokens | train s to target (spread) | wall s |")
     else:
         print(f"lenet on Fashion-MNIST to {args.target_accuracy * 100:.0f} % test accuracy "
               f"(evaluated every {args.eval_samples} samples, at most {args.epochs} epochs); "
-              f"medians of {args.repeats} runs that reached it\n")
+              f"medians of {args.repeats} runs on each of {len(seeds)} seeds that reached it\n")
         print("| way | reached | steps | samples | train s to target (spread) | wall s |")
     print("|---|---:|---:|---:|---:|---:|")
     amount = "tokens" if text else "samples_to_target"
@@ -177,6 +187,19 @@ def main():
               f"{median([r['steps_to_target'] for r in reached]) or '-'} | "
               f"{median([r[amount] for r in reached]) or '-'} | {cell} | "
               f"{median([r['wall_s'] for r in runs[way]]):.1f} |")
+    if len(seeds) > 1:
+        print(f"\n{'tokens' if text else 'samples'} to the target per seed (median of its runs; - "
+              "where none reached it):\n")
+        print("| way | " + " | ".join(f"seed {seed}" for seed in seeds) + " |")
+        print("|---|" + "---:|" * len(seeds))
+        for way in ways:
+            name = f"fixed batch {way}" if isinstance(way, int) else f"--adapt from {way[6:]}"
+            cells = []
+            for seed in seeds:
+                samples = [r[amount] for r in runs[way] if r["seed"] == seed and
+                           r.get(amount) is not None and r.get("seconds_to_target") is not None]
+                cells.append(f"{median(samples):.0f}" if samples else "-")
+            print(f"| {name} | " + " | ".join(cells) + " |")
     fixed = {w: m for w, m in medians.items() if isinstance(w, int) and m is not None}
     best = min(fixed, key=fixed.get) if fixed else None
     for way in ways:
