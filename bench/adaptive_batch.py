@@ -82,18 +82,13 @@ def tune_text(args, seed, out_dir):
     return path
 
 
-def run_text(args, way, seed, plan, out_dir, index):
-    path = os.path.join(out_dir, f"{index}.json")
-    cmd = [args.batchtune, "train", "--data", f"text:{args.text}", "--model", "gpt",
-           *args.gpt.split(),
-           "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(seed),
-           "--epochs", str(args.epochs), "--target-loss", str(args.target_loss),
-           "--log-every", "0", "--json", path]
+def train(args, cmd, way, size_flag, seed, path):
+    """Runs one way (`cmd` plus its size, and --adapt for "adapt:START") and
+    returns its summary JSON with the wall time and seed."""
     if isinstance(way, str):  # "adapt:START"
-        cmd += ["--target-tokens", way.split(":")[1], "--adapt", "--adapt-every",
-                str(args.adapt_every)]
+        cmd += [size_flag, way.split(":")[1], "--adapt", "--adapt-every", str(args.adapt_every)]
     else:
-        cmd += ["--target-tokens", str(way)]
+        cmd += [size_flag, str(way)]
     start = time.monotonic()
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wall = time.monotonic() - start
@@ -104,6 +99,16 @@ def run_text(args, way, seed, plan, out_dir, index):
     summary["wall_s"] = wall
     summary["seed"] = seed
     return summary
+
+
+def run_text(args, way, seed, plan, out_dir, index):
+    path = os.path.join(out_dir, f"{index}.json")
+    cmd = [args.batchtune, "train", "--data", f"text:{args.text}", "--model", "gpt",
+           *args.gpt.split(),
+           "--plan", plan, "--memory-limit", args.memory_limit, "--seed", str(seed),
+           "--epochs", str(args.epochs), "--target-loss", str(args.target_loss),
+           "--log-every", "0", "--json", path]
+    return train(args, cmd, way, "--target-tokens", seed, path)
 
 
 def run(args, way, seed, out_dir, index):
@@ -113,21 +118,7 @@ def run(args, way, seed, out_dir, index):
            "--target-accuracy", str(args.target_accuracy),
            "--eval-every-samples", str(args.eval_samples), "--log-every", "0",
            "--json", path]
-    if isinstance(way, str):  # "adapt:START"
-        cmd += ["--batch-size", way.split(":")[1], "--adapt", "--adapt-every",
-                str(args.adapt_every)]
-    else:
-        cmd += ["--batch-size", str(way)]
-    start = time.monotonic()
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wall = time.monotonic() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
-    with open(path) as f:
-        summary = json.load(f)
-    summary["wall_s"] = wall
-    summary["seed"] = seed
-    return summary
+    return train(args, cmd, way, "--batch-size", seed, path)
 
 
 def median(values):

@@ -15,6 +15,13 @@
 
 namespace {
 
+/// How often `what` stands in `text`.
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
 using batchtune::testing::run_cli;
 
 struct BadTrainInput {
@@ -116,12 +123,7 @@ TEST(TrainCli, AdaptWritesItsBatchScheduleAndLogsEveryChange) {
   }
   EXPECT_EQ(json["global_batch_size"], schedule.back()["global_batch_size"]);
   // Each change is a line of the log.
-  size_t lines = 0;
-  for (size_t at = r.output.find("--adapt: global batch"); at != std::string::npos;
-       at = r.output.find("--adapt: global batch", at + 1)) {
-    ++lines;
-  }
-  EXPECT_EQ(lines, schedule.size() - 1) << r.output;
+  EXPECT_EQ(occurrences(r.output, "--adapt: global batch"), schedule.size() - 1) << r.output;
   // The summary shows the batch and lr over the steps.
   EXPECT_NE(r.output.find(fmt::format("--adapt: {} change(s) of the global batch:",
                                       schedule.size() - 1)),
@@ -363,13 +365,9 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
   EXPECT_EQ(schedule[0]["global_batch_size"], 64);
   EXPECT_EQ(a["target_tokens"], schedule.back()["global_batch_size"]);
   EXPECT_EQ(a["samples"], 200) << "every sample once, whatever the changes";
-  size_t lines = 0;
-  const std::string change_line = "real tokens per step (micro-batches of";
-  for (size_t at = adapted.output.find(change_line); at != std::string::npos;
-       at = adapted.output.find(change_line, at + 1)) {
-    ++lines;
-  }
-  EXPECT_EQ(lines, schedule.size() - 1) << adapted.output;
+  EXPECT_EQ(occurrences(adapted.output, "real tokens per step (micro-batches of"),
+            schedule.size() - 1)
+      << adapted.output;
   EXPECT_NE(adapted.output.find("change(s) of the global batch (in tokens):"), std::string::npos)
       << adapted.output;
   if (std::system(("rm -rf '" + dir + "'").c_str()) != 0) ADD_FAILURE() << "rm -rf " << dir;
