@@ -34,6 +34,7 @@ for each G of the grid, adaptive ways `--target-tokens START --adapt`.
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -132,6 +133,33 @@ def spread(values):
     return (max(values) - min(values)) / statistics.median(values)
 
 
+def paired_ratio(adapt_runs, fixed_runs):
+    """adapt's training time to the target over the fixed way's, paired by
+    seed and round (the two ran side by side): the median ratio and a 90 %
+    bootstrap interval of it (2,000 resamples of the pairs, seeded), or None
+    with fewer than 2 pairs that both reached the target."""
+    def key(r):
+        return r["seed"], r["round"]
+    fixed = {key(r): r["seconds_to_target"] for r in fixed_runs
+             if r.get("seconds_to_target") is not None}
+    ratios = [r["seconds_to_target"] / fixed[key(r)] for r in adapt_runs
+              if r.get("seconds_to_target") is not None and key(r) in fixed]
+    if len(ratios) < 2:
+        return None
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(2000))
+    return statistics.median(ratios), medians[100], medians[1899], len(ratios)
+
+
+def verdict(low, high):
+    if high <= 1:
+        return "no slower than the best fixed batch"
+    if low > 1:
+        return "slower than the best fixed batch"
+    return "cannot tell whether it is slower or faster (the interval holds 1)"
+
+
 def main():
     args = parse()
     starts = [int(b) for b in args.start.split(",")]
@@ -142,11 +170,12 @@ def main():
     with tempfile.TemporaryDirectory() as out_dir:
         plans = {seed: tune_text(args, seed, out_dir) for seed in seeds} if text else {}
         index = 0
-        for _ in range(args.repeats):
+        for round_ in range(args.repeats):
             for seed in seeds:
                 for way in ways:
                     runs[way].append(run_text(args, way, seed, plans[seed], out_dir, index)
                                      if text else run(args, way, seed, out_dir, index))
+                    runs[way][-1]["round"] = round_
                     index += 1
                     print(f"{way} seed {seed}: {runs[way][-1].get('seconds_to_target')}",
                           file=sys.stderr)
@@ -199,6 +228,12 @@ def main():
         if best is not None and medians[way] is not None:
             print(f"\n--adapt from {way[6:]} / best fixed (batch {best}): "
                   f"{medians[way] / fixed[best]:.2f}x the training time to the target")
+            paired = paired_ratio(runs[way], runs[best])
+            if paired is not None:
+                ratio, low, high, pairs = paired
+                print(f"paired by seed and round ({pairs} pairs): median {ratio:.2f}x, 90 % "
+                      f"interval {low:.2f}-{high:.2f}x: {verdict(low, high)}. The best fixed "
+                      "batch is picked from the same runs, which favours it.")
         adapt_runs = sorted((r for r in runs[way] if r.get("seconds_to_target") is not None),
                             key=lambda r: r["seconds_to_target"])
         if adapt_runs:

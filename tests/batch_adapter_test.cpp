@@ -24,6 +24,23 @@ TEST(BatchAdapter, ANegativeNoiseEstimateCountsAsNoNoise) {
   EXPECT_FALSE(adapter.decide(100, 64, -0.8, 10, NoiseInterval{0, 0}).has_value());
 }
 
+TEST(BatchAdapter, AWindowTimesItsBatchUnlessAnOutOfMemoryChangedTheMicroBatchInIt) {
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  adapter.end_window(64, 2.0, 6400);  // from (0 s, 0 samples): 3200/s
+  EXPECT_DOUBLE_EQ(adapter.speed(64).value_or(0), 3200);
+  adapter.cap_micro_batch(32);
+  adapter.end_window(64, 4.0, 12800);  // an out-of-memory in it: not observed
+  EXPECT_DOUBLE_EQ(adapter.speed(64).value_or(0), 3200);
+  adapter.end_window(64, 5.0, 14400);  // the next one is: 1600/s over 1 s
+  EXPECT_DOUBLE_EQ(adapter.speed(64).value_or(0), (6400 + 1600) / 3.0);
+  adapter.restart_window(10.0, 20000);  // a change took effect late: time from here
+  adapter.end_window(128, 11.0, 26400);
+  EXPECT_DOUBLE_EQ(adapter.speed(128).value_or(0), 6400);
+  // The decision on an estimator reads its estimate, count and interval.
+  NoiseScaleEstimator noise;
+  EXPECT_FALSE(adapter.decide(50, 128, noise).has_value()) << "no measurement yet";
+}
+
 TEST(BatchAdapter, WaitsForEnoughNoiseMeasurements) {
   BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
   run_at(adapter, 64, 1000);

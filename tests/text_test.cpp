@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "batchtune/common/error.h"
+#include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
 #include "batchtune/training/token_trainer.h"

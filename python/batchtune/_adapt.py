@@ -11,12 +11,11 @@ import torch
 from . import _core, _distributed
 
 
-def _sq_norm(parameters: List[torch.Tensor]) -> torch.Tensor:
-    """The squared L2 norm of all gradients together, on their device (no wait)."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+def loss_scale_of(scaler: Optional[Any]) -> Optional[torch.Tensor]:
+    """A GradScaler's scale as the tensor it keeps on the device (reading it
+    with `get_scale()` would wait for the step); None without a scaler or
+    before its first `scale()`."""
+    return getattr(scaler, "_scale", None) if scaler is not None else None
 
 
 class Adaptation:
@@ -37,6 +36,7 @@ class Adaptation:
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
                                           plan.world_size, every, max_global_batch or 0)
         self.noise = _core.NoiseScaleEstimator()
+        self.successive = _core.SuccessiveGradients()
         self.every = every
         self.clock = clock
         self.group = group
@@ -48,15 +48,26 @@ class Adaptation:
         self.ramp_from = plan.lr
         self.ramp_start = -1
         self._pending: List[tuple] = []  # (small, small_sq, big, big_sq, scale) device scalars
-        self._mark = (clock(), 0)
         self._samples = 0
-        self.window_clean = True
+        self.adapter.restart_window(clock(), 0)
 
     # -- measuring ---------------------------------------------------------
 
-    def small_batch(self, step: int, n: int, micro: int) -> int:
-        """The samples to measure first on this step (0: none); see the C++ tracker."""
-        return _core.small_batch(step, n, micro, _core.ADAPT_NOISE_EVERY)
+    def small_batch(self, n: int, micro: int) -> int:
+        """The samples to measure first on this step: its first micro-batch
+        under accumulation (free), else 0, as a step without accumulation
+        measures against the previous one (`measure_successive`)."""
+        return micro if n > micro else 0
+
+    def measure_successive(self, parameters: List[torch.Tensor], size: int,
+                           loss_scale: Optional[torch.Tensor]) -> None:
+        """A step without accumulation over `size` samples (all ranks'
+        under DDP, whose gradients are averaged): its gradient against the
+        previous step's (`SuccessiveGradients`, one copy kept), unscaled."""
+        measured = self.successive.measure(parameters, float(size), loss_scale)
+        if measured is not None:
+            small, small_sq, big, big_sq = measured
+            self._pending.append((small, small_sq, big, big_sq, 1.0))
 
     def measure(self, small: int, small_sq: torch.Tensor, big: int, big_sq: torch.Tensor,
                 scale: float, world: int) -> None:
@@ -90,18 +101,11 @@ class Adaptation:
         """After optimizer step `step`: times the window, and rank 0 decides for all."""
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        now = self.clock()
-        start, samples_before = self._mark
-        if self.window_clean:
-            self.adapter.observe(plan.global_batch_size, now - start,
-                                 self._samples - samples_before)
-        self._mark = (now, self._samples)
-        self.window_clean = True
+        self.adapter.end_window(plan.global_batch_size, self.clock(), self._samples)
         self._flush()
         change = None
         if _distributed.rank(self.group) == 0:
-            change = self.adapter.decide(step, plan.global_batch_size, self.noise.noise_scale(),
-                                         self.noise.measurements(), self.noise.interval())
+            change = self.adapter.decide_on(step, plan.global_batch_size, self.noise)
         if _distributed.world_size(self.group) > 1:
             # Rank 0 decides for all (the ranks' noise estimates differ a little).
             change = _distributed.broadcast_object(change, self.group)
@@ -110,8 +114,7 @@ class Adaptation:
     def restart_window(self) -> None:
         """The next window times from now: a change took effect later than
         the decision (a loader that asks ahead), and the window times one size."""
-        self._mark = (self.clock(), self._samples)
-        self.window_clean = True
+        self.adapter.restart_window(self.clock(), self._samples)
 
     def apply(self, change: Dict[str, Any], step: int, current_lr: float) -> None:
         self.ramp_from = current_lr
@@ -124,7 +127,7 @@ class Adaptation:
         self._flush()
         return dict(schedule=[dict(c) for c in self.schedule], policy=self.adapter.state(),
                     noise=self.noise.state(), ramp_from=self.ramp_from,
-                    ramp_start=self.ramp_start)
+                    ramp_start=self.ramp_start, successive=self.successive.state())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.schedule = [dict(c) for c in state["schedule"]]
@@ -132,7 +135,10 @@ class Adaptation:
         self.noise.load_state(state["noise"])
         self.ramp_from = state["ramp_from"]
         self.ramp_start = state["ramp_start"]
-        self._mark = (self.clock(), self._samples)
+        # The gradient kept to measure the next step against (none in a
+        # state saved before it was kept).
+        self.successive.load_state(state.get("successive"))
+        self.adapter.restart_window(self.clock(), self._samples)
 
 
 class AdaptiveBatchSampler:

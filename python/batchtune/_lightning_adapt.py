@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from . import _core
-from ._adapt import Adaptation, _sq_norm
+from ._adapt import Adaptation
 
 
 class _Batches:
@@ -42,8 +42,6 @@ class _Batches:
         self.offset = 0                   # samples of the epoch's order taken (all ranks)
         self.passes = 0                   # Lightning epochs (iterations of the loader) begun
         self.index = 0                    # batches handed out in this pass: Lightning's batch_idx
-        self.steps = 0                    # steps begun (one in ADAPT_NOISE_EVERY is split)
-        self.split_due = False
         self.step_begin = 0               # offset where the step under way began
         self.chunks: List[int] = []       # its micro-batches (per rank)
         self.in_step = 0                  # of them handed out
@@ -86,24 +84,12 @@ class _Batches:
                 self.pending = {"change": change, "pass": -1, "not_before": 0}
                 self.micro, self.accumulation = previous
             return None
-        if self.accumulation > 1:
-            chunks = [self.micro] * self.accumulation
-        else:
-            # Without accumulation one step in ADAPT_NOISE_EVERY runs as two
-            # halves (the first that Lightning's count lets be a step of two),
-            # so that the first half's gradient against the whole measures the
-            # noise.
-            if self.steps % _core.ADAPT_NOISE_EVERY == 0:
-                self.split_due = True
-            small = _core.small_batch(0, n, n, _core.ADAPT_NOISE_EVERY) if self.split_due else 0
-            chunks = [n]
-            if small > 0 and small * 2 == n and self.index % 2 == 0:
-                chunks = [small, small]
-                self.split_due = False
+        # Without accumulation the step measures against the previous one
+        # (`Adaptation.measure_successive`): one part.
+        chunks = [self.micro] * self.accumulation
         self.step_begin = self.offset
         self.offset += n * self.world
         self.chunks = chunks
-        self.steps += 1
         return change
 
     def __iter__(self) -> Iterator[List[int]]:
@@ -160,7 +146,7 @@ class _Batches:
 
     def state(self) -> Dict[str, Any]:
         return dict(epoch=self.epoch, offset=self.offset, passes=self.passes, index=self.index,
-                    steps=self.steps, split_due=self.split_due, step_begin=self.step_begin,
+                    step_begin=self.step_begin,
                     chunks=list(self.chunks), in_step=self.in_step, micro=self.micro,
                     accumulation=self.accumulation, seed=self.seed)
 
@@ -311,14 +297,16 @@ class LightningAdaptation:
 
     # -- the hooks' work ---------------------------------------------------
 
-    def measure_first_part(self, module: torch.nn.Module, scale: float) -> None:
+    def measure_first_part(self, module: torch.nn.Module, scaler: Optional[Any]) -> None:
         """After the backward of a measured step's first part: its mean
         gradient is `accumulate` x the gradient so far (Lightning divided
-        each loss by the accumulation)."""
+        each loss by the accumulation), and fp16's `scaler` multiplied it."""
         info = self.info
         if info is None or not info["measure"] or not info["first"]:
             return
-        sq = _sq_norm(list(module.parameters())) * float(info["accumulate"]) ** 2 / scale ** 2
+        scale = scaler.get_scale() if scaler is not None else 1.0
+        sq = (_core.squared_gradient_norm(list(module.parameters()))
+              * float(info["accumulate"]) ** 2 / scale ** 2)
         self.small = (info["size"], sq)
 
     def measure_step(self, module: torch.nn.Module) -> None:
@@ -326,11 +314,19 @@ class LightningAdaptation:
         under DDP, whose all-reduce ran on the last part; the first ran
         without it)."""
         self.stepped = True
-        if self.small is None or self.info is None:
+        if self.info is None:
+            return
+        parameters = list(module.parameters())
+        if self.info["accumulate"] == 1:
+            # Lightning unscaled fp16 gradients before this hook.
+            self.adaptation.measure_successive(parameters, self.info["step_samples"], None)
+            return
+        self.adaptation.successive.reset()
+        if self.small is None:
             return
         small, small_sq = self.small
         self.small = None
         big = self.info["step_samples"]
         if big > small:
-            self.adaptation.measure(small, small_sq, big, _sq_norm(list(module.parameters())),
+            self.adaptation.measure(small, small_sq, big, _core.squared_gradient_norm(parameters),
                                     1.0, 1)

@@ -337,9 +337,8 @@ class BatchTune(Callback):
 
     def on_after_backward(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         if self._adapt is not None:
-            scaler = getattr(trainer.precision_plugin, "scaler", None)
             self._adapt.measure_first_part(pl_module,
-                                           scaler.get_scale() if scaler is not None else 1.0)
+                                           getattr(trainer.precision_plugin, "scaler", None))
 
     def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                                  optimizer: torch.optim.Optimizer) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import _core, _distributed
-from ._adapt import Adaptation, _sq_norm
+from ._adapt import Adaptation, loss_scale_of
 from ._memory import oom_count
 from ._step import LossFn, TrainStep, batch_size_of, check_amp_device, slice_batch, to_device
 from .plan import Plan, group_lr_ratios
@@ -43,7 +43,8 @@ class Trainer:
       (default 32x the plan's), the lr following by the AdaScale gain under
       the plan's scaling rule, ramped over 20 steps. The noise scale comes
       from what the step computes anyway (the first micro-batch against the
-      whole batch), or, without accumulation, one step in 10 split in two.
+      whole batch), or, without accumulation, each step against the previous
+      one (one copy of the gradients kept).
       Feed it with an `AdaptiveBatchSampler`, which hands out the next
       `plan.batch_size` samples; `batch_schedule` lists the changes, and
       `state_dict()`/`load_state_dict()` carry them over a resume.
@@ -140,11 +141,12 @@ class Trainer:
             del part, loss
             if small > 0 and small_sq is None:
                 # The gradient so far is share x the first samples' mean gradient.
-                small_sq = _sq_norm(list(self.model.parameters())) / share ** 2
+                small_sq = _core.squared_gradient_norm(list(self.model.parameters())) / share ** 2
         if small_sq is not None:
             scaler = self._step.scaler
             ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
-            self._adapt.measure(small, small_sq, n, _sq_norm(list(self.model.parameters())),
+            self._adapt.measure(small, small_sq, n,
+                                _core.squared_gradient_norm(list(self.model.parameters())),
                                 scaler.get_scale() if scaler is not None else 1.0,
                                 _distributed.world_size(self.group) if ddp else 1)
         return total
@@ -157,7 +159,7 @@ class Trainer:
         if n < 1:
             raise ValueError("Trainer.step: the batch is empty")
         self._apply_lr()
-        small = self._adapt.small_batch(self.steps_done, n, min(self.micro_batch_size, n)) \
+        small = self._adapt.small_batch(n, min(self.micro_batch_size, n)) \
             if self._adapt is not None else 0
         while True:
             micro = min(self.micro_batch_size, n)
@@ -194,11 +196,19 @@ class Trainer:
             self.micro_batch_size = max(1, micro // 2)
             if self._adapt is not None:
                 self._adapt.adapter.cap_micro_batch(self.micro_batch_size)
-                self._adapt.window_clean = False
             note = (f"step {self.steps_done}: out of memory at micro-batch {micro} ({message}); "
                     f"micro-batch {self.micro_batch_size}, the logical batch {n} kept")
             self.recoveries.append(note)
             print(f"batchtune: {note}", file=sys.stderr)
+        if self._adapt is not None:
+            if micro >= n:  # no accumulation: this step against the previous one
+                ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
+                self._adapt.measure_successive(
+                    list(self.model.parameters()),
+                    n * (_distributed.world_size(self.group) if ddp else 1),
+                    loss_scale_of(self._step.scaler))
+            else:
+                self._adapt.successive.reset()
         self._step.optimizer_step()
         self.steps_done += 1
         if self._adapt is not None:

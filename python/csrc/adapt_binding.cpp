@@ -1,10 +1,12 @@
 #include "adapt_binding.h"
 
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "batchtune/data/sample_cursor.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/noise_scale.h"
+#include "batchtune/step/successive_gradients.h"
 #include "batchtune/training/batch_adapter.h"
 
 namespace py = pybind11;
@@ -29,7 +31,6 @@ py::dict change_dict(const BatchChange& c) {
 void bind_adapt(py::module_& m) {
   m.attr("DEFAULT_ADAPT_EVERY") = kDefaultAdaptEvery;
   m.attr("DEFAULT_ADAPT_GROWTH") = kDefaultAdaptGrowth;
-  m.attr("ADAPT_NOISE_EVERY") = kAdaptNoiseEvery;
   m.attr("ADAPT_LR_RAMP_STEPS") = kAdaptLrRampSteps;
   py::class_<NoiseScaleEstimator>(m, "NoiseScaleEstimator",
                                   "The gradient noise scale from pairs of squared gradient norms.")
@@ -48,8 +49,58 @@ void bind_adapt(py::module_& m) {
       .def("load_state", [](NoiseScaleEstimator& e, const std::string& state) {
         e.load_state(nlohmann::json::parse(state));
       });
-  m.def("small_batch", &NoiseScaleTracker::small_batch, py::arg("step"), py::arg("global_batch"),
-        py::arg("micro_batch"), py::arg("split_every"));
+  m.def("squared_gradient_norm", &squared_gradient_norm, py::arg("parameters"),
+        "The squared L2 norm of all the parameters' gradients, a float scalar on their device.");
+  py::class_<SuccessiveGradients>(m, "SuccessiveGradients",
+                                  "A step's gradient against the previous step's "
+                                  "(see successive_gradients.h).")
+      .def(py::init<>())
+      .def("measure",
+           [](SuccessiveGradients& s, const std::vector<at::Tensor>& parameters, double size,
+              std::optional<at::Tensor> loss_scale) -> py::object {
+             auto m = s.measure(parameters, size, loss_scale.value_or(at::Tensor()));
+             if (!m) return py::none();
+             return py::make_tuple(m->small_batch, m->small_sq_norm, m->big_batch,
+                                   m->big_sq_norm);
+           },
+           py::arg("parameters"), py::arg("size"), py::arg("loss_scale") = py::none())
+      .def("reset", &SuccessiveGradients::reset)
+      .def("state",
+           [](const SuccessiveGradients& s) -> py::object {
+             // Copies: the kept tensors are overwritten at the next step.
+             const SuccessiveGradients::State state = s.state();
+             if (state.size == 0) return py::none();
+             py::list previous;
+             for (const auto& t : state.previous) {
+               previous.append(t.defined() ? py::cast(t.clone()) : py::none());
+             }
+             return py::dict(
+                 py::arg("previous") = previous, py::arg("sq_norm") = state.sq_norm.clone(),
+                 py::arg("loss_scale") = state.loss_scale.defined()
+                                             ? py::cast(state.loss_scale.clone())
+                                             : py::none(),
+                 py::arg("size") = state.size);
+           },
+           "What a checkpoint keeps (None when nothing is kept).")
+      .def("load_state",
+           [](SuccessiveGradients& s, const py::object& state) {
+             if (state.is_none()) {
+               s.reset();
+               return;
+             }
+             SuccessiveGradients::State loaded;
+             for (const auto& t : state["previous"]) {
+               loaded.previous.push_back(t.is_none() ? at::Tensor() : t.cast<at::Tensor>());
+             }
+             loaded.sq_norm = state["sq_norm"].cast<at::Tensor>();
+             if (!state["loss_scale"].is_none()) {
+               loaded.loss_scale = state["loss_scale"].cast<at::Tensor>();
+             }
+             loaded.size = state["size"].cast<double>();
+             s.load_state(std::move(loaded));
+           },
+           py::arg("state"))
+      .def_property_readonly("holding", &SuccessiveGradients::holding);
   py::class_<BatchAdapter>(m, "BatchAdapter", "The policy of `train --adapt` (see batch_adapter.h).")
       .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
                        int64_t world_size, int64_t every, int64_t max_global_batch) {
@@ -60,6 +111,10 @@ void bind_adapt(py::module_& m) {
            py::arg("base_batch"), py::arg("base_lr"), py::arg("lr_scaling"),
            py::arg("world_size"), py::arg("every"), py::arg("max_global_batch"))
       .def("observe", &BatchAdapter::observe, py::arg("global_batch"), py::arg("seconds"),
+           py::arg("samples"))
+      .def("end_window", &BatchAdapter::end_window, py::arg("global_batch"), py::arg("seconds"),
+           py::arg("samples"))
+      .def("restart_window", &BatchAdapter::restart_window, py::arg("seconds"),
            py::arg("samples"))
       .def("speed", &BatchAdapter::speed)
       .def("cap_micro_batch", &BatchAdapter::cap_micro_batch)
@@ -77,6 +132,13 @@ void bind_adapt(py::module_& m) {
            },
            py::arg("step"), py::arg("global_batch"), py::arg("noise_scale"),
            py::arg("measurements"), py::arg("interval") = py::none())
+      .def("decide_on",
+           [](BatchAdapter& a, int64_t step, int64_t global_batch,
+              const NoiseScaleEstimator& noise) -> py::object {
+             const auto change = a.decide(step, global_batch, noise);
+             return change ? py::object(change_dict(*change)) : py::none();
+           },
+           py::arg("step"), py::arg("global_batch"), py::arg("noise"))
       .def("state", [](const BatchAdapter& a) { return a.state().dump(); })
       .def("load_state", [](BatchAdapter& a, const std::string& state) {
         a.load_state(nlohmann::json::parse(state));

@@ -10,7 +10,6 @@
 #include <fstream>
 #include <iterator>
 #include <numeric>
-#include <random>
 #include <set>
 #include <sstream>
 
@@ -144,88 +143,6 @@ std::string TextDataset::describe() const {
   const int64_t tokens = std::accumulate(lengths_.begin(), lengths_.end(), int64_t{0});
   return fmt::format("text {} ({} paragraphs of {} files, {}..{} tokens, {} tokens in all)", dir_,
                      lengths_.size(), documents_, r.min, r.max, tokens);
-}
-
-LengthBucketSampler::LengthBucketSampler(std::vector<int64_t> lengths,
-                                         std::vector<LengthBucket> buckets, int64_t token_budget,
-                                         uint64_t seed)
-    : lengths_(std::move(lengths)), buckets_(std::move(buckets)), token_budget_(token_budget),
-      seed_(seed) {
-  check_length_buckets(token_budget_, buckets_, "length buckets");
-  for (int64_t l : lengths_) longest_ = std::max(longest_, l);
-  if (longest_ > buckets_.back().max_length) {
-    throw Error(fmt::format("length buckets: a sample of {} tokens is longer than the longest "
-                            "bucket ({}); plan for the data's longest length",
-                            longest_, buckets_.back().max_length));
-  }
-  set_token_budget(token_budget_);
-}
-
-void LengthBucketSampler::set_token_budget(int64_t token_budget) {
-  if (token_budget < longest_) {
-    throw Error(fmt::format("token budget: {} tokens cannot hold the longest sample ({} tokens)",
-                            token_budget, longest_));
-  }
-  token_budget_ = token_budget;
-}
-
-std::vector<TokenBatch> LengthBucketSampler::epoch(int64_t epoch) const {
-  std::vector<int64_t> order(lengths_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(seed_ * 1000003 + static_cast<uint64_t>(epoch));
-  std::shuffle(order.begin(), order.end(), rng);
-  return batches(order);
-}
-
-std::vector<TokenBatch> LengthBucketSampler::batches(const std::vector<int64_t>& order) const {
-  struct Open {
-    TokenBatch batch;
-    int64_t longest = 0;
-  };
-  std::vector<Open> open(buckets_.size());
-  std::vector<TokenBatch> out;
-  for (int64_t i : order) {
-    const int64_t length = lengths_[static_cast<size_t>(i)];
-    const auto bucket = static_cast<size_t>(
-        std::lower_bound(buckets_.begin(), buckets_.end(), length,
-                         [](const LengthBucket& b, int64_t l) { return b.max_length < l; }) -
-        buckets_.begin());
-    Open& o = open[bucket];
-    const int64_t longest = std::max(o.longest, length);
-    const auto count = static_cast<int64_t>(o.batch.indices.size()) + 1;
-    if (!o.batch.indices.empty() && count * longest > token_budget_) {
-      out.push_back(std::move(o.batch));
-      o = Open();
-    }
-    o.longest = std::max(o.longest, length);
-    o.batch.indices.push_back(i);
-    o.batch.tokens += length;
-    o.batch.padded_tokens = static_cast<int64_t>(o.batch.indices.size()) * o.longest;
-  }
-  for (auto& o : open) {
-    if (!o.batch.indices.empty()) out.push_back(std::move(o.batch));
-  }
-  return out;
-}
-
-std::vector<TokenBatch> fixed_batches(const std::vector<int64_t>& lengths, int64_t batch_size,
-                                      int64_t pad_to, uint64_t seed, int64_t epoch) {
-  TORCH_CHECK(batch_size >= 1, "fixed_batches: a batch of at least 1");
-  std::vector<int64_t> order(lengths.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(epoch));
-  std::shuffle(order.begin(), order.end(), rng);
-  std::vector<TokenBatch> out;
-  for (size_t begin = 0; begin < order.size(); begin += static_cast<size_t>(batch_size)) {
-    TokenBatch b;
-    const size_t end = std::min(order.size(), begin + static_cast<size_t>(batch_size));
-    b.indices.assign(order.begin() + static_cast<std::ptrdiff_t>(begin),
-                     order.begin() + static_cast<std::ptrdiff_t>(end));
-    for (int64_t i : b.indices) b.tokens += lengths[static_cast<size_t>(i)];
-    b.padded_tokens = static_cast<int64_t>(b.indices.size()) * pad_to;
-    out.push_back(std::move(b));
-  }
-  return out;
 }
 
 }  // namespace batchtune

@@ -121,11 +121,16 @@ int64_t NoiseScaleTracker::small_batch(int64_t step, int64_t global_batch, int64
   return 0;
 }
 
-void NoiseScaleTracker::add(int64_t small_batch, at::Tensor small_sq_norm, int64_t big_batch,
+void NoiseScaleTracker::add(double small_batch, at::Tensor small_sq_norm, double big_batch,
                             at::Tensor big_sq_norm, double loss_scale) {
   pending_.push_back(
       {small_batch, std::move(small_sq_norm), big_batch, std::move(big_sq_norm), loss_scale});
   if (pending_.size() >= kMaxPendingNoiseMeasurements) flush();
+}
+
+void NoiseScaleTracker::add(NoiseMeasurement measurement, double loss_scale) {
+  add(measurement.small_batch, std::move(measurement.small_sq_norm), measurement.big_batch,
+      std::move(measurement.big_sq_norm), loss_scale);
 }
 
 void NoiseScaleTracker::flush() {
@@ -140,8 +145,8 @@ void NoiseScaleTracker::flush() {
   const double* v = host.data_ptr<double>();
   for (size_t i = 0; i < pending_.size(); ++i) {
     const double scale_sq = pending_[i].loss_scale * pending_[i].loss_scale;
-    estimator_.add(static_cast<double>(pending_[i].small_batch), v[2 * i] / scale_sq,
-                   static_cast<double>(pending_[i].big_batch), v[2 * i + 1] / scale_sq);
+    estimator_.add(pending_[i].small_batch, v[2 * i] / scale_sq, pending_[i].big_batch,
+                   v[2 * i + 1] / scale_sq);
   }
   pending_.clear();
 }

@@ -42,11 +42,23 @@ void TrainingStep::set_micro_batch_size(int64_t micro_batch_size) {
   options_.micro_batch_size(micro_batch_size);
 }
 
+void TrainingStep::set_noise_from_successive_steps(bool on) {
+  options_.noise_from_successive_steps(on);
+  if (!on) successive_.reset();
+}
+
 at::Tensor TrainingStep::backward(const Batch& batch, int64_t step_index, double* data_seconds) {
   workload_.optimizer().zero_grad(/*set_to_none=*/true);
   try {
     const int64_t micro = options_.micro_batch_size() > 0 ? options_.micro_batch_size()
                                                           : batch.size();
+    if (options_.measure_noise_scale() && options_.noise_from_successive_steps() &&
+        micro >= batch.size()) {
+      at::Tensor loss = accumulate(batch, data_seconds);
+      measure_successive(static_cast<double>(batch.size()));
+      return loss;
+    }
+    successive_.reset();
     const int64_t small =
         options_.measure_noise_scale()
             ? NoiseScaleTracker::small_batch(step_index, batch.size(), micro,
@@ -75,9 +87,14 @@ at::Tensor TrainingStep::backward_weighted(const std::vector<Batch>& micro_batch
                                            const std::vector<int64_t>& noise_sizes) {
   TORCH_CHECK(!micro_batches.empty() && micro_batches.size() == weights.size(),
               "TrainingStep: one weight per micro-batch");
-  const bool measure = !noise_sizes.empty();
-  TORCH_CHECK(!measure || (noise_sizes.size() == micro_batches.size() && micro_batches.size() >= 2),
-              "TrainingStep: a noise measurement needs two micro-batches and one size each");
+  const bool successive = options_.noise_from_successive_steps() && micro_batches.size() == 1 &&
+                          noise_sizes.size() == 1;
+  const bool measure = !noise_sizes.empty() && !successive;
+  TORCH_CHECK(successive || !measure ||
+                  (noise_sizes.size() == micro_batches.size() && micro_batches.size() >= 2),
+              "TrainingStep: a noise measurement needs two micro-batches and one size each "
+              "(or one, against the previous step)");
+  if (!successive) successive_.reset();
   workload_.optimizer().zero_grad(/*set_to_none=*/true);
   try {
     const std::vector<at::Tensor> parameters =
@@ -112,10 +129,19 @@ at::Tensor TrainingStep::backward_weighted(const std::vector<Batch>& micro_batch
                  squared_gradient_norm(parameters),
                  scaler_.enabled() ? scaler_.current_scale() : 1.0);
     }
+    if (successive) measure_successive(static_cast<double>(noise_sizes.front()));
     return loss_sum;
   } catch (...) {
     workload_.optimizer().zero_grad(/*set_to_none=*/true);
     throw;
+  }
+}
+
+void TrainingStep::measure_successive(double size) {
+  if (auto measurement =
+          successive_.measure(workload_.model().parameters(), size,
+                              scaler_.enabled() ? scaler_.scale_tensor() : at::Tensor())) {
+    noise_.add(std::move(*measurement));
   }
 }
 

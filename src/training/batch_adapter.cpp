@@ -80,6 +80,17 @@ void BatchAdapter::observe(int64_t global_batch, double seconds, int64_t samples
   s.samples += samples;
 }
 
+void BatchAdapter::end_window(int64_t global_batch, double seconds, int64_t samples) {
+  if (window_clean_) observe(global_batch, seconds - window_seconds_, samples - window_samples_);
+  restart_window(seconds, samples);
+}
+
+void BatchAdapter::restart_window(double seconds, int64_t samples) {
+  window_seconds_ = seconds;
+  window_samples_ = samples;
+  window_clean_ = true;
+}
+
 std::optional<double> BatchAdapter::speed(int64_t global_batch) const {
   const auto it = speeds_.find(global_batch);
   if (it == speeds_.end()) return std::nullopt;
@@ -88,6 +99,7 @@ std::optional<double> BatchAdapter::speed(int64_t global_batch) const {
 
 void BatchAdapter::cap_micro_batch(int64_t micro_batch) {
   micro_cap_ = micro_cap_ == 0 ? micro_batch : std::min(micro_cap_, micro_batch);
+  window_clean_ = false;
 }
 
 std::pair<int64_t, int64_t> BatchAdapter::split(int64_t global_batch) const {
@@ -129,6 +141,11 @@ BatchChange BatchAdapter::change_to(int64_t step, int64_t global_batch, double n
   c.noise_scale = noise_scale;
   c.reason = std::move(reason);
   return c;
+}
+
+std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_batch,
+                                                const NoiseScaleEstimator& noise) {
+  return decide(step, global_batch, noise.noise_scale(), noise.measurements(), noise.interval());
 }
 
 std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_batch,

@@ -179,6 +179,20 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
       {"summary", record.summary ? to_json(*record.summary) : nlohmann::json()},
   };
   if (record.adapt) meta["adapt"] = *record.adapt;
+  if (const auto& kept = record.successive; kept && kept->size > 0) {
+    nlohmann::json defined = nlohmann::json::array();
+    for (size_t i = 0; i < kept->previous.size(); ++i) {
+      defined.push_back(kept->previous[i].defined());
+      if (kept->previous[i].defined()) {
+        put("noise/previous/" + std::to_string(i), kept->previous[i], false);
+      }
+    }
+    put("noise/previous_sq_norm", kept->sq_norm, false);
+    if (kept->loss_scale.defined()) put("noise/previous_scale", kept->loss_scale, false);
+    meta["successive"] = {
+        {"size", kept->size}, {"defined", defined}, {"scaled", kept->loss_scale.defined()}};
+    meta["crc32"] = crcs;  // with the tensors just put
+  }
   const std::string meta_text = meta.dump();
   archive.write("meta", c10::IValue(meta_text));
   archive.write("meta_crc32",
@@ -335,6 +349,25 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   for (size_t i = 0; i < buffers.size(); ++i) {
     saved_buffers.push_back(get("model/buffer/" + std::to_string(i), true));
     check_shape(saved_buffers.back(), buffers[i].second, buffers[i].first);
+  }
+  if (meta.contains("successive")) {
+    try {
+      const auto& kept = meta.at("successive");
+      SuccessiveGradients::State state;
+      state.size = kept.at("size").get<double>();
+      const auto defined = kept.at("defined").get<std::vector<bool>>();
+      for (size_t i = 0; i < defined.size(); ++i) {
+        state.previous.push_back(defined[i] ? get("noise/previous/" + std::to_string(i), false)
+                                            : at::Tensor());
+      }
+      state.sq_norm = get("noise/previous_sq_norm", false);
+      if (kept.at("scaled").get<bool>()) state.loss_scale = get("noise/previous_scale", false);
+      record.successive = std::move(state);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw not_ours("successive: " + first_line(e.what()));
+    }
   }
   const at::Tensor optimizer_bytes = get("optimizer", false);
   const at::Tensor scaler = get("scaler", false).to(at::kDouble);

@@ -13,6 +13,7 @@
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/size.h"
+#include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial_failure.h"
@@ -20,50 +21,6 @@
 
 namespace batchtune {
 namespace {
-
-/// `batch`'s samples in two halves (the same samples and tokens), each
-/// padded to its own longest.
-std::pair<TokenBatch, TokenBatch> split(const TokenBatch& batch,
-                                        const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> sorted = batch.indices;
-  // The shorter samples together, so that the halves pad less.
-  std::sort(sorted.begin(), sorted.end(), [&](int64_t a, int64_t b) {
-    return lengths[static_cast<size_t>(a)] < lengths[static_cast<size_t>(b)];
-  });
-  const auto half = static_cast<std::ptrdiff_t>(sorted.size() / 2);
-  std::pair<TokenBatch, TokenBatch> out;
-  out.first.indices.assign(sorted.begin(), sorted.begin() + half);
-  out.second.indices.assign(sorted.begin() + half, sorted.end());
-  for (TokenBatch* b : {&out.first, &out.second}) {
-    int64_t longest = 0;
-    for (int64_t i : b->indices) {
-      b->tokens += lengths[static_cast<size_t>(i)];
-      longest = std::max(longest, lengths[static_cast<size_t>(i)]);
-    }
-    b->padded_tokens = static_cast<int64_t>(b->indices.size()) * longest;
-  }
-  return out;
-}
-
-/// Micro-batches within `budget`: those above it split until they fit (a
-/// single sample always does: the budget is at least the longest sample).
-std::vector<TokenBatch> within(const std::vector<TokenBatch>& batches, int64_t budget,
-                               const std::vector<int64_t>& lengths) {
-  std::vector<TokenBatch> out;
-  std::vector<TokenBatch> todo(batches.rbegin(), batches.rend());
-  while (!todo.empty()) {
-    TokenBatch b = std::move(todo.back());
-    todo.pop_back();
-    if (b.padded_tokens <= budget || b.indices.size() < 2) {
-      out.push_back(std::move(b));
-      continue;
-    }
-    auto [first, second] = split(b, lengths);
-    todo.push_back(std::move(second));
-    todo.push_back(std::move(first));
-  }
-  return out;
-}
 
 /// One token-budget run: the epochs' micro-batches grouped into optimizer
 /// steps by their real tokens, trained with out-of-memory recovery, and
@@ -129,13 +86,10 @@ class TokenRun {
   int64_t steps_since_log_ = 0;
   std::deque<double> window_;  // the last `loss_window` steps' losses
   double window_sum_ = 0;
-  // --adapt: the policy, the changes, the lr and its ramp, the window timed.
+  // --adapt: the policy (which times its windows), the lr and its ramp.
   std::optional<BatchAdapter> adapter_;
   double lr_ = 0;
   LrRamp ramp_;
-  double mark_s_ = 0;
-  int64_t mark_tokens_ = 0;
-  bool window_clean_ = true;
 };
 
 TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
@@ -157,7 +111,8 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
                 .amp(plan.amp)
                 .measure_noise_scale(options.measure_noise_scale())
                 .noise_scale_every(options.adapt() ? kAdaptNoiseEvery
-                                                   : kNoiseScaleEveryWithoutAccumulation)),
+                                                   : kNoiseScaleEveryWithoutAccumulation)
+                .noise_from_successive_steps(options.adapt())),
       lr_(plan.lr) {
   if (!fixed_ && plan.token_budget < 1) {
     throw Error("--plan: training by tokens needs a plan with a token_budget (tune with --input "
@@ -242,11 +197,13 @@ std::vector<TokenBatch> TokenRun::next_group() {
     group.push_back(micro_[next_++]);
   }
   // A step of one micro-batch measures the noise scale now and then split
-  // in two halves (the same samples and tokens).
+  // in two halves (the same samples and tokens), unless it measures against
+  // the previous step.
   const int64_t every = step_.options().noise_scale_every();
-  if (options_.measure_noise_scale() && !fixed_ && group.size() == 1 &&
+  if (options_.measure_noise_scale() && !step_.options().noise_from_successive_steps() &&
+      !fixed_ && group.size() == 1 &&
       group.front().indices.size() >= 2 && summary_.steps % every == 0) {
-    auto [first, second] = split(group.front(), lengths_);
+    auto [first, second] = split_in_halves(group.front(), lengths_);
     group = {std::move(first), std::move(second)};
   }
   return group;
@@ -254,7 +211,7 @@ std::vector<TokenBatch> TokenRun::next_group() {
 
 at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_tokens) {
   for (;;) {
-    if (!fixed_) group = within(group, budget_, lengths_);
+    if (!fixed_) group = within_budget(group, budget_, lengths_);
     std::vector<Batch> batches;
     std::vector<double> weights;
     std::vector<int64_t> noise_sizes;
@@ -272,7 +229,10 @@ at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_t
       weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
       noise_sizes.push_back(b.tokens);
     }
-    if (!options_.measure_noise_scale() || group.size() < 2) noise_sizes.clear();
+    if (!options_.measure_noise_scale() ||
+        (group.size() < 2 && !step_.options().noise_from_successive_steps())) {
+      noise_sizes.clear();
+    }
     const int64_t ooms_before = memory_.oom_count();
     try {
       return step_.backward_weighted(batches, weights, noise_sizes);
@@ -300,10 +260,7 @@ void TokenRun::shrink_budget(const c10::Error& e, int64_t group_tokens) {
   cap_ = std::max(longest_, budget_ / 2);
   budget_ = cap_;
   sampler_->set_token_budget(budget_);
-  if (adapter_) {
-    adapter_->cap_micro_batch(cap_);
-    window_clean_ = false;
-  }
+  if (adapter_) adapter_->cap_micro_batch(cap_);
   ++summary_.oom_recoveries;
   TrainEvent event;
   event.kind = TrainEvent::Kind::kOomRecovery;
@@ -318,19 +275,10 @@ void TokenRun::shrink_budget(const c10::Error& e, int64_t group_tokens) {
 
 void TokenRun::adapt() {
   memory_.synchronize();
-  const double now = clock_.now_s();
-  // A window trained at one step size throughout times that size.
-  if (window_clean_) {
-    adapter_->observe(target_tokens_, now - mark_s_, summary_.tokens - mark_tokens_);
-  }
-  mark_s_ = now;
-  mark_tokens_ = summary_.tokens;
-  window_clean_ = true;
-  NoiseScaleTracker& noise = step_.noise_scale();
+  adapter_->end_window(target_tokens_, clock_.now_s() - start_s_, summary_.tokens);
+  const NoiseScaleEstimator& noise = step_.noise_scale().estimator();
   const std::optional<double> noise_scale = noise.noise_scale();
-  std::optional<BatchChange> change =
-      adapter_->decide(summary_.steps, target_tokens_, noise_scale,
-                       noise.estimator().measurements(), noise.estimator().interval());
+  std::optional<BatchChange> change = adapter_->decide(summary_.steps, target_tokens_, noise);
   if (!change) return;
   ramp_.restart(summary_.steps, ramp_.at(summary_.steps, lr_));
   lr_ = change->lr;
@@ -418,7 +366,6 @@ bool TokenRun::reached_target(double loss) {
 
 TrainSummary TokenRun::run() {
   start_s_ = clock_.now_s();
-  mark_s_ = start_s_;
   const int64_t epochs =
       options_.steps() > 0 ? std::numeric_limits<int64_t>::max() : options_.epochs();
   const auto steps_done = [&] { return options_.steps() > 0 && summary_.steps >= options_.steps(); };

@@ -54,7 +54,8 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                 .amp(plan_.amp == AmpMode::kAuto ? AmpMode::kOff : plan_.amp)
                 .measure_noise_scale(options_.measure_noise_scale())
                 .noise_scale_every(options_.adapt() ? kAdaptNoiseEvery
-                                                    : kNoiseScaleEveryWithoutAccumulation)),
+                                                    : kNoiseScaleEveryWithoutAccumulation)
+                .noise_from_successive_steps(options_.adapt())),
       cursor_(std::max<int64_t>(train.size(), 1),
               std::clamp<int64_t>(plan_.global_batch_size, 1, std::max<int64_t>(train.size(), 1))) {
   if (options_.clock() != nullptr) clock_ = options_.clock();
@@ -185,10 +186,7 @@ void Trainer::train_step(const Batch& batch) {
     plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
     plan_.accumulation_steps = ceil_div(batch.size(), plan_.micro_batch_size);
     training_step_.set_micro_batch_size(plan_.micro_batch_size);
-    if (adapter_) {
-      adapter_->cap_micro_batch(plan_.micro_batch_size);
-      adapt_window_clean_ = false;
-    }
+    if (adapter_) adapter_->cap_micro_batch(plan_.micro_batch_size);
     ++oom_recoveries_;
     emit(TrainEvent::Kind::kOomRecovery,
          fmt::format("out of memory at micro-batch {} (step {}); retrying the same {} samples "

@@ -19,19 +19,11 @@ double Trainer::lr_at(int64_t step) const {
 
 bool Trainer::adapt_batch() {
   settle_clock();
-  // A window trained at one batch throughout times that batch.
-  if (adapt_window_clean_) {
-    adapter_->observe(plan_.global_batch_size, train_seconds_ - adapt_mark_.train_seconds,
-                      run_samples_ - adapt_mark_.samples);
-  }
-  adapt_mark_ = {train_seconds_, data_seconds_, run_samples_};
-  adapt_window_clean_ = true;
+  adapter_->end_window(plan_.global_batch_size, train_seconds_, run_samples_);
   std::optional<BatchChange> change;
   if (data_parallel_.rank() == 0) {
-    NoiseScaleTracker& noise = training_step_.noise_scale();
-    const std::optional<double> noise_scale = noise.noise_scale();
-    change = adapter_->decide(step_, plan_.global_batch_size, noise_scale,
-                              noise.estimator().measurements(), noise.estimator().interval());
+    change = adapter_->decide(step_, plan_.global_batch_size,
+                              training_step_.noise_scale().estimator());
   }
   if (data_parallel_.distributed()) {
     // Rank 0 decides for all (the ranks' noise estimates differ a little).

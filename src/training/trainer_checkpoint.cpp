@@ -11,6 +11,7 @@
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
 #include "batchtune/data/input_spec.h"
+#include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
 
 namespace batchtune {
@@ -45,6 +46,9 @@ void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
                                   {"noise", training_step_.noise_scale().estimator().state()},
                                   {"lr_ramp_from", ramp_.from},
                                   {"lr_ramp_start", ramp_.start}};
+    if (training_step_.successive().holding()) {
+      record.successive = training_step_.successive().state();
+    }
   }
   write_checkpoint(options_.checkpoint_dir(), {workload_.model(), workload_.optimizer(), training_step_.scaler()},
                    record);
@@ -80,6 +84,17 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
       training_step_.noise_scale().estimator().load_state(adapt.at("noise"));
       ramp_.from = adapt.at("lr_ramp_from").get<double>();
       ramp_.start = adapt.at("lr_ramp_start").get<int64_t>();
+      if (record->successive) {
+        // Onto the device, counted as the training's memory.
+        SuccessiveGradients::State state = *record->successive;
+        const c10::Device device = memory_.device();
+        for (at::Tensor& t : state.previous) {
+          if (t.defined()) t = t.to(device).clone();
+        }
+        state.sq_norm = state.sq_norm.to(device).clone();
+        if (state.loss_scale.defined()) state.loss_scale = state.loss_scale.to(device).clone();
+        training_step_.successive().load_state(std::move(state));
+      }
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {

@@ -91,6 +91,16 @@ def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch(
     assert trainer.noise_scale is not None
 
 
+def test_without_accumulation_every_step_measures_the_noise_against_the_previous_one():
+    trainer, _, _ = _train(_mlp(), 12, _StepClock(), every=1000)
+    trainer._adapt._flush()
+    # Splitting one step in 10 would have measured twice; successive steps
+    # measure every step but the first, for one kept copy of the gradients.
+    assert trainer._adapt.noise.measurements() == 11
+    assert trainer._adapt.successive.holding
+    assert trainer.noise_scale is not None
+
+
 def test_the_sampler_hands_out_each_sample_once_an_epoch_through_changes():
     trainer = types.SimpleNamespace(plan=types.SimpleNamespace(global_batch_size=16,
                                                                world_size=1), group=None)

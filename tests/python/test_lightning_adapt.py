@@ -70,7 +70,7 @@ class Scripted:
     def __getattr__(self, name):
         return getattr(self._adapter, name)
 
-    def decide(self, step, global_batch, noise_scale, measurements, interval=None):
+    def decide_on(self, step, global_batch, noise):
         if step not in self._script:
             return None
         size = self._script[step]
@@ -152,22 +152,21 @@ def test_the_batch_follows_the_decisions_from_the_next_step_the_loader_had_not_b
             change["global_batch_size"]
         assert change["reason"].startswith("scripted")
     # Every step trained the global batch in force, in micro-batches as
-    # Lightning accumulated them (a step of 16 split in two now and then).
+    # Lightning accumulated them; a step of one micro-batch is never split
+    # (it measures the noise against the previous step).
     steps = {}
     for b in record.batches:
         steps.setdefault(b["step"], []).append(b)
     assert sorted(steps) == list(range(60))
-    split = 0
     for step, parts in steps.items():
         entry = _in_force(schedule, step)
         assert sum(p["size"] for p in parts) == entry["global_batch_size"], (step, parts)
         assert all(p["accumulate"] == len(parts) for p in parts), (step, parts)
-        if entry["accumulation_steps"] == 1 and len(parts) == 2:
-            split += 1
-            assert [p["size"] for p in parts] == [8, 8]
-        else:
-            assert len(parts) == entry["accumulation_steps"], (step, parts)
-    assert split >= 2, "one step in 10 without accumulation is split to measure the noise"
+        assert len(parts) == entry["accumulation_steps"], (step, parts)
+    # A measurement every step: successive steps of 16, the micro-batches of
+    # larger ones (the first step and the one after a change of size at most).
+    tuner._adapt.adaptation._flush()
+    assert tuner._adapt.adaptation.noise.measurements() >= 60 - 2 * len(schedule)
     assert tuner.noise_scale is not None
     # Each sample at most once an epoch, and the epoch ends where fewer than
     # a global batch are left.

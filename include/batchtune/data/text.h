@@ -8,7 +8,6 @@
 
 #include "batchtune/data/dataset.h"
 #include "batchtune/data/input_spec.h"
-#include "batchtune/data/length_bucket.h"
 
 namespace batchtune {
 
@@ -67,57 +66,5 @@ class TextDataset final : public Dataset {
   int64_t documents_ = 0;
   int64_t pad_to_ = 0;
 };
-
-/// One micro-batch of a token-budget epoch: the samples, and its tokens
-/// (real, and padded: samples × the longest of them).
-struct TokenBatch {
-  std::vector<int64_t> indices;
-  int64_t tokens = 0;
-  int64_t padded_tokens = 0;
-};
-
-/// Length-bucketed batching by a token budget (as OpenNMT and lhotse do):
-/// each epoch the samples are shuffled (seeded by `seed` and the epoch),
-/// each goes to the bucket of the smallest bound at least its length, and a
-/// bucket's micro-batch is filled while its padded tokens (samples × the
-/// longest of them, never more than the bucket's bound) stay within the
-/// budget; then it is closed and a new one begun. Every sample lands in
-/// exactly one micro-batch per epoch; no micro-batch passes the budget.
-///
-/// Example:
-/// ```
-///   batchtune::LengthBucketSampler sampler(text.lengths(), plan.length_buckets,
-///                                          plan.token_budget, 0);
-///   for (const auto& micro : sampler.epoch(0)) { /* text.get_batch(micro.indices) */ }
-/// ```
-class LengthBucketSampler {
- public:
-  /// Throws `batchtune::Error` for a sample longer than the largest bucket,
-  /// or a budget smaller than the longest sample.
-  LengthBucketSampler(std::vector<int64_t> lengths, std::vector<LengthBucket> buckets,
-                      int64_t token_budget, uint64_t seed);
-  /// The micro-batches of epoch `epoch`, in the order they closed.
-  std::vector<TokenBatch> epoch(int64_t epoch) const;
-  /// The micro-batches of the samples `order`, visited in that order (what
-  /// `epoch` does with its shuffle): after a change of budget, the rest of
-  /// an epoch is batched anew from the samples it had left.
-  std::vector<TokenBatch> batches(const std::vector<int64_t>& order) const;
-  int64_t token_budget() const { return token_budget_; }
-  /// Another budget (smaller after an out-of-memory, or as `--adapt`
-  /// moves the step); at least the longest sample.
-  void set_token_budget(int64_t token_budget);
-
- private:
-  std::vector<int64_t> lengths_;
-  std::vector<LengthBucket> buckets_;
-  int64_t token_budget_;
-  uint64_t seed_;
-  int64_t longest_ = 0;
-};
-
-/// Fixed batches of `batch_size` samples in a shuffled order, each padded to
-/// `pad_to` tokens: the baseline a token budget is compared against.
-std::vector<TokenBatch> fixed_batches(const std::vector<int64_t>& lengths, int64_t batch_size,
-                                      int64_t pad_to, uint64_t seed, int64_t epoch);
 
 }  // namespace batchtune

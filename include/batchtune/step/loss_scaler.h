@@ -68,6 +68,9 @@ class LossScaler {
   void update();
 
   double current_scale() const;
+  /// The scale as a float [1] tensor on the device (no synchronisation);
+  /// updated in place by `update()`.
+  const at::Tensor& scale_tensor() const { return scale_; }
   int64_t growth_tracker() const;
   /// Steps skipped for non-finite gradients.
   int64_t skipped_steps() const { return skipped_steps_; }

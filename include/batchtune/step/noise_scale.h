@@ -124,6 +124,16 @@ double statistical_efficiency(double noise_scale, double base_batch, double batc
 /// gradient count as zero.
 at::Tensor squared_gradient_norm(const std::vector<at::Tensor>& parameters);
 
+/// One measurement of the gradient noise scale: the squared norms of mean
+/// gradients over `small_batch` and `big_batch` (samples or tokens), as
+/// device scalars (still multiplied by the loss scale², when there is one).
+struct NoiseMeasurement {
+  double small_batch = 0;
+  at::Tensor small_sq_norm;
+  double big_batch = 0;
+  at::Tensor big_sq_norm;
+};
+
 /// The noise-scale estimator as the training loop feeds it: measurements
 /// stay device scalars until the noise scale is read, so measuring costs no
 /// synchronisation per step. `small_batch` says which steps measure.
@@ -143,8 +153,9 @@ class NoiseScaleTracker {
 
   /// Queues one measurement; squared norms are scalars on the device,
   /// divided by `loss_scale`² when read (gradients of a scaled loss).
-  void add(int64_t small_batch, at::Tensor small_sq_norm, int64_t big_batch,
+  void add(double small_batch, at::Tensor small_sq_norm, double big_batch,
            at::Tensor big_sq_norm, double loss_scale = 1);
+  void add(NoiseMeasurement measurement, double loss_scale = 1);
 
   /// B_simple after reading the queued measurements (one synchronisation).
   std::optional<double> noise_scale();
@@ -154,9 +165,9 @@ class NoiseScaleTracker {
 
  private:
   struct Pending {
-    int64_t small_batch;
+    double small_batch;
     at::Tensor small_sq_norm;
-    int64_t big_batch;
+    double big_batch;
     at::Tensor big_sq_norm;
     double loss_scale;
   };

@@ -13,6 +13,7 @@
 #include "batchtune/step/amp.h"
 #include "batchtune/step/loss_scaler.h"
 #include "batchtune/step/noise_scale.h"
+#include "batchtune/step/successive_gradients.h"
 
 namespace batchtune {
 
@@ -32,6 +33,10 @@ struct StepOptions {
   TORCH_ARG(bool, measure_noise_scale) = false;
   /// Without accumulation, one step in this many is split to measure it.
   TORCH_ARG(int64_t, noise_scale_every) = kNoiseScaleEveryWithoutAccumulation;
+  /// Without accumulation, measure every step against the previous one
+  /// instead (`SuccessiveGradients`: no split, one copy of the gradients
+  /// kept). Not under data parallelism, whose ranks measure each step.
+  TORCH_ARG(bool, noise_from_successive_steps) = false;
 };
 
 /// The training step, once, for everything that runs one: the trial runner
@@ -78,6 +83,8 @@ class TrainingStep {
   /// scale is counted in, such as real tokens; at least two micro-batches,
   /// `weights` their shares), the first micro-batch's gradient is measured
   /// against the step's: one noise-scale measurement at (its size, their sum).
+  /// A step of one micro-batch with its size measures against the previous
+  /// step when `noise_from_successive_steps` says so.
   at::Tensor backward_weighted(const std::vector<Batch>& micro_batches,
                                const std::vector<double>& weights,
                                const std::vector<int64_t>& noise_sizes = {});
@@ -86,10 +93,15 @@ class TrainingStep {
 
   const StepOptions& options() const { return options_; }
   int64_t micro_batch_size() const { return options_.micro_batch_size(); }
+  /// Whether steps without accumulation measure against the previous one
+  /// (`StepOptions::noise_from_successive_steps`); off drops the kept copy.
+  void set_noise_from_successive_steps(bool on);
   /// After an out-of-memory: the next steps run smaller micro-batches.
   void set_micro_batch_size(int64_t micro_batch_size);
   LossScaler& scaler() { return scaler_; }
   NoiseScaleTracker& noise_scale() { return noise_; }
+  /// The gradient kept to measure the next step against (for a checkpoint).
+  SuccessiveGradients& successive() { return successive_; }
   Workload& workload() { return workload_; }
   /// The clock the time spent moving data is read on (a fake in tests); it
   /// must outlive the step.
@@ -98,6 +110,8 @@ class TrainingStep {
 
  private:
   at::Tensor accumulate(const Batch& batch, double* data_seconds);
+  /// The gradients just made, over `size`, against the previous step's.
+  void measure_successive(double size);
   at::Tensor accumulate_measuring_noise(const Batch& batch, int64_t small_batch,
                                         double* data_seconds);
 
@@ -106,6 +120,7 @@ class TrainingStep {
   StepOptions options_;
   LossScaler scaler_;
   NoiseScaleTracker noise_;
+  SuccessiveGradients successive_;
   const Clock* clock_ = &steady_clock();
 };
 

@@ -32,9 +32,10 @@ constexpr int64_t kAdaptMinMeasurements = 4;
 /// one after a change: a jump would hit Adam's moments, gathered at the old
 /// scale, all at once.
 constexpr int64_t kAdaptLrRampSteps = 20;
-/// Without accumulation, `--adapt` splits one step in this many to measure
-/// the noise scale (the default, one in 50, is too sparse to decide on
-/// every `kDefaultAdaptEvery` steps; one in 10 costs ~5-10 % on a small model).
+/// Under data parallelism without accumulation, `--adapt` splits one step in
+/// this many to measure the noise scale (besides the ranks' own pair); a
+/// single process measures every step against the previous one instead
+/// (`SuccessiveGradients`).
 constexpr int64_t kAdaptNoiseEvery = 10;
 
 /// How `train --adapt` moves the global batch.
@@ -119,9 +120,17 @@ class BatchAdapter {
 
   /// `samples` trained at `global_batch` in `seconds` of training time.
   void observe(int64_t global_batch, double seconds, int64_t samples);
+  /// The end of a decision window, at the run's totals so far (`seconds` of
+  /// training time, `samples` or tokens trained): the window since the
+  /// previous end is observed at `global_batch`, unless it was spoiled.
+  void end_window(int64_t global_batch, double seconds, int64_t samples);
+  /// The next window times from these totals: a change took effect later
+  /// than decided (a loader that asks ahead), or a run resumed.
+  void restart_window(double seconds, int64_t samples);
   /// Samples per second measured at `global_batch`; nullopt when never run.
   std::optional<double> speed(int64_t global_batch) const;
-  /// The micro-batch per rank that fits at most (an out-of-memory said so).
+  /// The micro-batch per rank that fits at most (an out-of-memory said so);
+  /// the window under way then times no one micro-batch, and is not observed.
   void cap_micro_batch(int64_t micro_batch);
   int64_t micro_batch_cap() const { return micro_cap_; }
 
@@ -140,6 +149,9 @@ class BatchAdapter {
   std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
                                     std::optional<double> noise_scale, int64_t measurements,
                                     std::optional<NoiseInterval> interval = std::nullopt);
+  /// The decision on what `noise` has measured (its estimate, count and interval).
+  std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
+                                    const NoiseScaleEstimator& noise);
 
   /// What a checkpoint keeps: the speeds, the cap, the trial under way.
   nlohmann::json state() const;
@@ -164,6 +176,10 @@ class BatchAdapter {
   std::map<int64_t, Speed> speeds_;
   /// The batch an exploration left (0 when none is under way).
   int64_t explored_from_ = 0;
+  /// Where the window under way began, and whether it trained one batch.
+  double window_seconds_ = 0;
+  int64_t window_samples_ = 0;
+  bool window_clean_ = true;
 };
 
 }  // namespace batchtune

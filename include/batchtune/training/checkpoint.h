@@ -10,6 +10,7 @@
 #include "batchtune/common/crc32.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/loss_scaler.h"
+#include "batchtune/step/successive_gradients.h"
 #include "batchtune/training/checkpoint_lock.h"
 #include "batchtune/training/model_exports.h"
 #include "batchtune/training/trainer.h"
@@ -56,6 +57,10 @@ struct CheckpointRecord {
   /// measured) and the noise estimate, so that a resume continues the same
   /// schedule; nullopt without `--adapt`. JSON `adapt`.
   std::optional<nlohmann::json> adapt;
+  /// `--adapt` without accumulation: the gradient kept to measure the noise
+  /// scale against the next step's (host tensors when read). Tensors
+  /// `noise/previous/I`, `noise/previous_sq_norm`, `noise/previous_scale`.
+  std::optional<SuccessiveGradients::State> successive;
 };
 
 /// What a checkpoint writes and reads: the model, its optimizer and loss scaler.

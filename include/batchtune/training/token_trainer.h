@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "batchtune/data/text.h"
+#include "batchtune/data/token_batches.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/training/trainer.h"
 
@@ -48,7 +49,8 @@ struct TokenTrainOptions {
   TORCH_ARG(ClockPointer, clock) = nullptr;
   /// Measure the gradient noise scale, in tokens: the first micro-batch of a
   /// step against the whole step, or, in a step of one micro-batch, one step
-  /// in `kNoiseScaleEveryWithoutAccumulation` split in two.
+  /// in `kNoiseScaleEveryWithoutAccumulation` split in two (with `adapt`:
+  /// every such step against the previous one).
   TORCH_ARG(bool, measure_noise_scale) = true;
   /// Adapt the real tokens per step (the global batch, counted in tokens)
   /// and the lr to the noise scale as training goes (see `BatchAdapter`),

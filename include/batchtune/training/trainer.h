@@ -214,7 +214,13 @@ class Trainer {
 
   /// Trains data-parallel with the other ranks of `communicator` (which
   /// must outlive the run); the plan's world_size must be its world size.
-  void set_communicator(Communicator* communicator) { data_parallel_ = DataParallel(communicator); }
+  /// Under data parallelism the ranks measure the noise scale at every
+  /// step, so successive steps no longer do.
+  void set_communicator(Communicator* communicator) {
+    data_parallel_ = DataParallel(communicator);
+    training_step_.set_noise_from_successive_steps(options_.adapt() &&
+                                                   !data_parallel_.distributed());
+  }
   const DataParallel& data_parallel() const { return data_parallel_; }
 
   /// Trains until the steps or epochs are done, or until an interrupt is
@@ -318,8 +324,6 @@ class Trainer {
   };
   Mark log_mark_;
   Mark progress_mark_;
-  Mark adapt_mark_;
-  bool adapt_window_clean_ = true;  // no change and no out-of-memory since adapt_mark_
 };
 
 }  // namespace batchtune
