@@ -38,9 +38,11 @@ def test_torchvision_resnet18_max_fits_and_3_percent_above_does_not():
     model = torchvision.models.resnet18(num_classes=10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # 11.2 M parameters: weights, momentum and grads take ~134 MiB; the rest is
-    # activations at 3x32x32.
+    # activations at 3x32x32 and oneDNN's workspace, which depends on the CPU:
+    # on an AVX2 AMD EPYC a step of 2 peaks at 143 MiB, past 160 MiB less the
+    # margin, where the hosts before fitted at least 4. 224 MiB leaves room.
     r = _max_fits_and_three_percent_above_does_not(model, optimizer, classify_loss,
-                                                   image_batch((3, 32, 32)), "160MiB")
+                                                   image_batch((3, 32, 32)), "224MiB")
     assert r.trials[-1].peak_bytes <= r.trials[-1].usable_bytes or not r.trials[-1].fits
 
 
