@@ -6,9 +6,9 @@
 
 #include <cmath>
 
-#include "batchtune/data/dataset.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/step/workload.h"
+#include "test_helpers.h"
 
 namespace batchtune {
 namespace {
@@ -123,19 +123,12 @@ TEST(SuccessiveGradients, EstimateTheKnownNoiseScaleOfLinearRegression) {
   }
 }
 
-std::unique_ptr<TensorDataset> toy_data(int64_t samples) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(4);
-  const at::Tensor inputs = at::randn({samples, 16}, generator);
-  const at::Tensor map = at::randn({16, 4}, generator);
-  return std::make_unique<TensorDataset>("toy", inputs, inputs.matmul(map).argmax(1), 4);
-}
-
 Workload mlp() {
   return Workload(WorkloadOptions().model("mlp").input_shape({16}).classes(4).seed(3));
 }
 
 TEST(SuccessiveGradients, AStepWithoutAccumulationMeasuresEveryStepAndLeavesItsGradient) {
-  const auto data = toy_data(64);
+  const auto data = testing::toy_data({16}, 64, 4, 4);
   const c10::Device cpu(c10::kCPU);
   Workload plain = mlp();
   Workload measured = mlp();
@@ -166,7 +159,7 @@ TEST(SuccessiveGradients, AStepWithoutAccumulationMeasuresEveryStepAndLeavesItsG
 }
 
 TEST(SuccessiveGradients, ATokenStepOfOneMicroBatchMeasuresAgainstThePreviousStep) {
-  const auto data = toy_data(64);
+  const auto data = testing::toy_data({16}, 64, 4, 4);
   Workload w = mlp();
   TrainingStep step(w, c10::Device(c10::kCPU),
                     StepOptions().measure_noise_scale(true).noise_from_successive_steps(true));
