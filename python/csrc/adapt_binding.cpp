@@ -121,17 +121,6 @@ void bind_adapt(py::module_& m) {
       .def("split", &BatchAdapter::split)
       .def("lr_for", &BatchAdapter::lr_for)
       .def_property_readonly("max_global_batch", &BatchAdapter::max_global_batch)
-      .def("decide",
-           [](BatchAdapter& a, int64_t step, int64_t global_batch,
-              std::optional<double> noise_scale, int64_t measurements,
-              std::optional<std::pair<double, double>> interval) -> py::object {
-             std::optional<NoiseInterval> range;
-             if (interval) range = NoiseInterval{interval->first, interval->second};
-             const auto change = a.decide(step, global_batch, noise_scale, measurements, range);
-             return change ? py::object(change_dict(*change)) : py::none();
-           },
-           py::arg("step"), py::arg("global_batch"), py::arg("noise_scale"),
-           py::arg("measurements"), py::arg("interval") = py::none())
       .def("decide_on",
            [](BatchAdapter& a, int64_t step, int64_t global_batch,
               const NoiseScaleEstimator& noise) -> py::object {
