@@ -135,15 +135,20 @@ def spread(values):
 
 def paired_ratio(adapt_runs, fixed_runs):
     """adapt's training time to the target over the fixed way's, paired by
-    seed and round (the two ran side by side): the median ratio and a 90 %
-    bootstrap interval of it (2,000 resamples of the pairs, seeded), or None
-    with fewer than 2 pairs that both reached the target."""
-    def key(r):
-        return r["seed"], r["round"]
-    fixed = {key(r): r["seconds_to_target"] for r in fixed_runs
-             if r.get("seconds_to_target") is not None}
-    ratios = [r["seconds_to_target"] / fixed[key(r)] for r in adapt_runs
-              if r.get("seconds_to_target") is not None and key(r) in fixed]
+    seed: per seed, the median of adapt's runs over the median of the fixed
+    way's (its repeats ran side by side). A seed is one trajectory and its
+    repeats re-time that same trajectory, so the seeds, not the runs, are the
+    independent draws: the median ratio over the seeds and a 90 % bootstrap
+    interval of it (2,000 resamples of the seeds, seeded), or None with fewer
+    than 2 seeds where both ways reached the target."""
+    def by_seed(runs):
+        seconds = {}
+        for r in runs:
+            if r.get("seconds_to_target") is not None:
+                seconds.setdefault(r["seed"], []).append(r["seconds_to_target"])
+        return {seed: statistics.median(s) for seed, s in seconds.items()}
+    adapt, fixed = by_seed(adapt_runs), by_seed(fixed_runs)
+    ratios = [adapt[seed] / fixed[seed] for seed in sorted(adapt) if seed in fixed]
     if len(ratios) < 2:
         return None
     rng = random.Random(0)
@@ -231,7 +236,7 @@ def main():
             paired = paired_ratio(runs[way], runs[best])
             if paired is not None:
                 ratio, low, high, pairs = paired
-                print(f"paired by seed and round ({pairs} pairs): median {ratio:.2f}x, 90 % "
+                print(f"paired by seed ({pairs} seeds): median {ratio:.2f}x, 90 % "
                       f"interval {low:.2f}-{high:.2f}x: {verdict(low, high)}. The best fixed "
                       "batch is picked from the same runs, which favours it.")
         adapt_runs = sorted((r for r in runs[way] if r.get("seconds_to_target") is not None),

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -77,14 +78,24 @@ TEST(Amp, Fp16IsRefusedOffCudaNamingWhereItCameFrom) {
   }
 }
 
-TEST(Amp, ParsesModesAndNamesTheFlag) {
+TEST(Amp, ParsesModesAndNamesTheOption) {
   EXPECT_EQ(parse_amp("bf16"), AmpMode::kBf16);
   EXPECT_EQ(parse_amp("auto"), AmpMode::kAuto);
   try {
     parse_amp("fp8");
     FAIL();
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kAmp);
+    EXPECT_STREQ(e.what(), "--amp: unknown mixed precision 'fp8'; use off, bf16, fp16 or auto");
+    EXPECT_EQ(e.message(FrontEnd::kPython),
+              "amp: unknown mixed precision 'fp8'; use off, bf16, fp16 or auto");
+  }
+  // A value that no option gave names where it came from.
+  try {
+    parse_amp("fp8", "the checkpoint");
+    FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--amp"), std::string::npos);
+    EXPECT_EQ(std::string(e.what()).rfind("the checkpoint: unknown mixed precision", 0), 0u);
   }
 }
 

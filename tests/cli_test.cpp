@@ -61,6 +61,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"probe --batch-size 2 --input-spec /nonexistent/spec.json", "--input-spec"},
         BadInput{"probe --batch-size 2 --input-spec s.json --input 3x8x8", "--input-spec"},
         BadInput{"probe --batch-size 2 --model gpt --width 30 --heads 4", "--width"},
+        BadInput{"probe --batch-size 2 --model gpt --layers 0", "--layers: gpt needs at least 1"},
         BadInput{"probe --batch-size 2 --model gpt --classes 10", "--classes"},
         BadInput{"probe --batch-size 2 --model mlp --input int64:8 --vocab 10", "--input"},
         BadInput{"probe --batch-size 2 --model /nonexistent/model.pt", "--model"},

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
+#include "batchtune/data/dataset.h"
 
 namespace batchtune {
 namespace {
@@ -119,6 +121,26 @@ TEST(Dataset, OpenNamesUnknownDataAndFashionMnistTakesADirectory) {
   const DataSplits synthetic = open_dataset("synthetic", {3, 8, 8}, 5, 1);
   EXPECT_EQ(synthetic.test, nullptr);
   EXPECT_EQ(synthetic.train->sample_shape(), (std::vector<int64_t>{3, 8, 8}));
+}
+
+TEST(Dataset, ADataErrorCarriesItsOptionAndTheValueGiven) {
+  try {
+    open_dataset("fashion-mnist:/nonexistent", {1, 28, 28}, 10, 0);
+    FAIL() << "a missing directory was accepted";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kData);
+    EXPECT_EQ(e.value(), "fashion-mnist:/nonexistent");
+    // The CLI's text as it was; Python names the option its own way.
+    EXPECT_EQ(std::string(e.what()).rfind("--data fashion-mnist:/nonexistent: ", 0), 0u)
+        << e.what();
+    EXPECT_EQ(e.message(FrontEnd::kPython).rfind("data fashion-mnist:/nonexistent: ", 0), 0u);
+  }
+  try {
+    open_dataset("text:", {16}, 10, 0);
+    FAIL() << "text without a directory was accepted";
+  } catch (const OptionError& e) {
+    EXPECT_STREQ(e.what(), "--data text: give the directory, as text:DIR (each file a document)");
+  }
 }
 
 TEST(Dataset, SyntheticSamplesDoNotDependOnTheirBatch) {

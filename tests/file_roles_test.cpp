@@ -21,6 +21,9 @@ namespace {
 using batchtune::Error;
 using batchtune::FileAccess;
 using batchtune::FileRole;
+using batchtune::FrontEnd;
+using batchtune::Option;
+using batchtune::OptionError;
 using batchtune::check_file_roles;
 using batchtune::check_input_file;
 using batchtune::testing::run_cli;
@@ -122,15 +125,19 @@ TEST(FileRoles, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem) {
   Folder f;
   ASSERT_EQ(::mkfifo((f / "pipe").c_str(), 0644), 0);
   try {
-    check_input_file(f / "pipe", "--plan");  // would block in open()
+    check_input_file(f / "pipe", Option::kPlan);  // would block in open()
     FAIL() << "a FIFO was accepted";
-  } catch (const Error& e) {
+  } catch (const OptionError& e) {
     EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+    // The option and the path given to it, as each front end names the option.
+    EXPECT_EQ(std::string(e.what()).rfind("--plan " + (f / "pipe") + ": is a named pipe", 0), 0u)
+        << e.what();
+    EXPECT_EQ(e.message(FrontEnd::kPython).rfind("plan " + (f / "pipe") + ": ", 0), 0u);
   }
-  EXPECT_THROW(check_input_file(f.path(), "--plan"), Error);
-  EXPECT_THROW(check_input_file(f / "missing.json", "--plan"), Error);
+  EXPECT_THROW(check_input_file(f.path(), Option::kPlan), Error);
+  EXPECT_THROW(check_input_file(f / "missing.json", Option::kPlan), Error);
   write(f / "ok.json", "{}");
-  EXPECT_NO_THROW(check_input_file(f / "ok.json", "--plan"));
+  EXPECT_NO_THROW(check_input_file(f / "ok.json", Option::kPlan));
 }
 
 // Through the real CLI: each exits 2 at once and leaves the other file whole.

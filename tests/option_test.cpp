@@ -28,6 +28,28 @@ TEST(OptionError, NamesDifferWhereTheFrontEndsDo) {
   EXPECT_EQ(option_name(Option::kTimeBudget, FrontEnd::kPython), "time_budget");
 }
 
+TEST(OptionError, TheValueGivenFollowsTheOptionsName) {
+  const OptionError error(Option::kModel, "net.pt",
+                          "forward returned None; give " + mention(Option::kInput) +
+                              " that it takes");
+  EXPECT_EQ(error.option(), Option::kModel);
+  EXPECT_EQ(error.value(), "net.pt");
+  EXPECT_STREQ(error.what(), "--model net.pt: forward returned None; give --input that it takes");
+  EXPECT_EQ(error.message(FrontEnd::kPython),
+            "model net.pt: forward returned None; give make_batch that it takes");
+  EXPECT_EQ(OptionError(Option::kData, "unknown data 'x'").value(), "");
+}
+
+TEST(OptionError, TheWorkloadIsNamedAsEachFrontEndTakesIt) {
+  // The CLI builds the workload from flags; Python is handed its own.
+  EXPECT_EQ(option_name(Option::kLoss, FrontEnd::kCli), "--loss");
+  EXPECT_EQ(option_name(Option::kLoss, FrontEnd::kPython), "loss_fn");
+  EXPECT_EQ(option_name(Option::kInput, FrontEnd::kPython), "make_batch");
+  EXPECT_EQ(option_name(Option::kModel, FrontEnd::kPython), "model");
+  EXPECT_EQ(option_name(Option::kAdaptMaxBatch, FrontEnd::kPython), "adapt_max_batch");
+  EXPECT_EQ(option_name(Option::kNodeRank, FrontEnd::kCli), "--node-rank");
+}
+
 TEST(OptionError, TextWithoutMentionsIsKept) {
   EXPECT_EQ(name_options("as it is, 0.5 s", FrontEnd::kPython), "as it is, 0.5 s");
   EXPECT_EQ(name_options("", FrontEnd::kCli), "");

@@ -30,9 +30,8 @@ class Adaptation:
                 raise _core.Error(f"{name}: give a whole number of "
                                   f"{'steps, at least 1' if name == 'adapt_every' else 'samples'}, "
                                   f"got {value!r}")
-        if max_global_batch is not None and max_global_batch < plan.global_batch_size:
-            raise _core.Error(f"adapt_max_batch: {max_global_batch} is below the plan's global "
-                              f"batch {plan.global_batch_size}; give at least that")
+        # The policy checks the values against the plan (an adapt_max_batch
+        # below its global batch), naming them as Python does.
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
                                           plan.world_size, every, max_global_batch or 0)
         self.noise = _core.NoiseScaleEstimator()

@@ -273,7 +273,7 @@ void bind_plan(py::module_& m) {
                                           .optimizer(optimizer)
                                           .lr_scaling(lr_scaling)
                                           .warmup_steps(warmup_steps)
-                                          .amp(parse_amp(amp, "amp"))
+                                          .amp(parse_amp(amp))
                                           .amp_reason(amp_reason)
                                           .workers(workers)
                                           .pin_memory(pin_memory)

@@ -56,7 +56,7 @@ class PyTrialSubject : public TrialSubject {
     py::gil_scoped_acquire gil;
     py::object self = py::cast(static_cast<const TrialSubject*>(this));
     if (!py::hasattr(self, "amp")) return AmpMode::kOff;
-    return parse_amp(self.attr("amp").cast<std::string>(), "amp");
+    return parse_amp(self.attr("amp").cast<std::string>());
   }
   void save() override { translated([&] { call("save"); }); }
   bool set_forward_only(bool on) override {

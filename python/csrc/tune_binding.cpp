@@ -247,7 +247,7 @@ void bind_tune(py::module_& m) {
              request.sources = python_sources(sources);
              return TuneOptions()
                  .front_end(FrontEnd::kPython)
-                 .amp(parse_amp(amp, "amp"))
+                 .amp(parse_amp(amp))
                  .margin(margin)
                  .search(SearchOptions()
                              .strategy(parse_search_strategy(strategy))

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -131,24 +132,22 @@ void check_file_roles(const std::vector<FileRole>& roles) {
   }
 }
 
-void check_input_file(const std::string& path, const std::string& flag) {
+void check_input_file(const std::string& path, Option option) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw Error(fmt::format("{} {}: cannot read ({}); check the path", flag, path,
-                            std::strerror(errno)));
+    throw OptionError(option, path,
+                      fmt::format("cannot read ({}); check the path", std::strerror(errno)));
   }
-  if (S_ISDIR(st.st_mode)) {
-    throw Error(fmt::format("{} {}: is a folder; give a file", flag, path));
-  }
+  if (S_ISDIR(st.st_mode)) throw OptionError(option, path, "is a folder; give a file");
   if (!S_ISREG(st.st_mode)) {
     const char* kind = S_ISFIFO(st.st_mode)   ? "a named pipe (FIFO)"
                        : S_ISSOCK(st.st_mode) ? "a socket"
                                               : "a device";
-    throw Error(fmt::format("{} {}: is {}, not a regular file; give a file", flag, path, kind));
+    throw OptionError(option, path, fmt::format("is {}, not a regular file; give a file", kind));
   }
   if (::access(path.c_str(), R_OK) != 0) {
-    throw Error(fmt::format("{} {}: cannot read ({}); check its permissions", flag, path,
-                            std::strerror(errno)));
+    throw OptionError(option, path,
+                      fmt::format("cannot read ({}); check its permissions", std::strerror(errno)));
   }
 }
 

@@ -45,6 +45,40 @@ constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kDevice, "--device", "device"},
     {Option::kSteps, "--steps", "steps"},
     {Option::kData, "--data", "data"},
+    // Python's own workload: model, optimizer, loss_fn, make_batch.
+    {Option::kModel, "--model", "model"},
+    {Option::kOptimizer, "--optimizer", "optimizer"},
+    {Option::kLoss, "--loss", "loss_fn"},
+    {Option::kInput, "--input", "make_batch"},
+    // The CLI's alone: Python's name is the flag's, as for --data.
+    {Option::kInputSpec, "--input-spec", "input_spec"},
+    {Option::kVocab, "--vocab", "vocab"},
+    {Option::kClasses, "--classes", "classes"},
+    {Option::kTarget, "--target", "target"},
+    {Option::kLayers, "--layers", "layers"},
+    {Option::kHeads, "--heads", "heads"},
+    {Option::kWidth, "--width", "width"},
+    {Option::kNproc, "--nproc", "nproc"},
+    {Option::kNnodes, "--nnodes", "nnodes"},
+    {Option::kNodeRank, "--node-rank", "node_rank"},
+    {Option::kMaster, "--master", "master"},
+    // Training: Python's Trainer takes plan, adapt, adapt_every, adapt_max_batch.
+    {Option::kPlan, "--plan", "plan"},
+    {Option::kEpochs, "--epochs", "epochs"},
+    {Option::kSeed, "--seed", "seed"},
+    {Option::kLogEvery, "--log-every", "log_every"},
+    {Option::kCheckpoint, "--checkpoint", "checkpoint"},
+    {Option::kCheckpointEvery, "--checkpoint-every", "checkpoint_every"},
+    {Option::kResume, "--resume", "resume"},
+    {Option::kEvalEvery, "--eval-every", "eval_every"},
+    {Option::kEvalEverySamples, "--eval-every-samples", "eval_every_samples"},
+    {Option::kTargetAccuracy, "--target-accuracy", "target_accuracy"},
+    {Option::kTargetTokens, "--target-tokens", "target_tokens"},
+    {Option::kTargetLoss, "--target-loss", "target_loss"},
+    {Option::kAdapt, "--adapt", "adapt"},
+    {Option::kAdaptEvery, "--adapt-every", "adapt_every"},
+    {Option::kAdaptMaxBatch, "--adapt-max-batch", "adapt_max_batch"},
+    {Option::kNoiseScale, "--no-noise-scale", "no_noise_scale"},
 }};
 
 const OptionNames& names_of(Option option) {
@@ -102,12 +136,18 @@ std::string name_options(const std::string& text, FrontEnd front_end) {
 }
 
 OptionError::OptionError(Option option, std::string detail)
-    : Error(option_name(option, FrontEnd::kCli) + ": " + name_options(detail, FrontEnd::kCli)),
+    : OptionError(option, std::string(), std::move(detail)) {}
+
+OptionError::OptionError(Option option, std::string value, std::string detail)
+    : Error(option_name(option, FrontEnd::kCli) + (value.empty() ? "" : " " + value) + ": " +
+            name_options(detail, FrontEnd::kCli)),
       option_(option),
+      value_(std::move(value)),
       detail_(std::move(detail)) {}
 
 std::string OptionError::message(FrontEnd front_end) const {
-  return option_name(option_, front_end) + ": " + name_options(detail_, front_end);
+  return option_name(option_, front_end) + (value_.empty() ? "" : " " + value_) + ": " +
+         name_options(detail_, front_end);
 }
 
 }  // namespace batchtune

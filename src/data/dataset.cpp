@@ -10,6 +10,7 @@
 #include "batchtune/data/fashion_mnist.h"
 #include "batchtune/data/image_folder.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 
 namespace batchtune {
@@ -122,7 +123,9 @@ DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& syn
   if (name == "fashion-mnist") {
     const std::string dir =
         spec.size() > name.size() ? spec.substr(name.size() + 1) : kFashionMnistDefaultDir;
-    if (dir.empty()) throw Error("--data fashion-mnist: give a directory after ':' or none");
+    if (dir.empty()) {
+      throw OptionError(Option::kData, "fashion-mnist", "give a directory after ':' or none");
+    }
     splits.train = load_fashion_mnist(dir, FashionMnistSplit::kTrain);
     splits.test = load_fashion_mnist(dir, FashionMnistSplit::kTest);
     return splits;
@@ -130,8 +133,8 @@ DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& syn
   if (name == "imagefolder") {
     const std::string dir = spec.size() > name.size() ? spec.substr(name.size() + 1) : "";
     if (dir.empty()) {
-      throw Error("--data imagefolder: give the directory, as imagefolder:DIR (one sub-folder "
-                  "per class)");
+      throw OptionError(Option::kData, "imagefolder",
+                        "give the directory, as imagefolder:DIR (one sub-folder per class)");
     }
     splits.train = std::make_unique<ImageFolderDataset>(
         dir, ImageFolderOptions()
@@ -143,22 +146,22 @@ DataSplits open_dataset(const std::string& spec, const std::vector<int64_t>& syn
   if (name == "text") {
     const std::string dir = spec.size() > name.size() ? spec.substr(name.size() + 1) : "";
     if (dir.empty()) {
-      throw Error("--data text: give the directory, as text:DIR (each file a document)");
+      throw OptionError(Option::kData, "text",
+                        "give the directory, as text:DIR (each file a document)");
     }
     if (synthetic_shape.size() != 1) {
-      throw Error(fmt::format("--data text:{}: text is a sequence of byte tokens; give --input "
-                              "int64:MIN..MAX, like int64:16..512",
-                              dir));
+      throw OptionError(Option::kData, "text:" + dir,
+                        "text is a sequence of byte tokens; give " + mention(Option::kInput) +
+                            " int64:MIN..MAX, like int64:16..512");
     }
     splits.train = std::make_unique<TextDataset>(
         dir, LengthRange{std::min(options.min_length(), synthetic_shape.front()),
                          synthetic_shape.front()});
     return splits;
   }
-  throw Error(fmt::format(
-      "--data: unknown data '{}'; use synthetic, fashion-mnist[:DIR], imagefolder:DIR or "
-      "text:DIR",
-      spec));
+  throw OptionError(Option::kData, fmt::format("unknown data '{}'; use synthetic, "
+                                                "fashion-mnist[:DIR], imagefolder:DIR or text:DIR",
+                                                spec));
 }
 
 }  // namespace batchtune

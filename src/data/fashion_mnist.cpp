@@ -10,6 +10,7 @@
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/data/idx_file.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 
 namespace batchtune {
@@ -29,9 +30,10 @@ std::string find_file(const std::string& dir, const std::string& name) {
   for (const std::string& candidate : {dir + "/" + name + ".gz", dir + "/" + name}) {
     if (exists(candidate)) return candidate;
   }
-  throw Error(fmt::format("--data fashion-mnist:{}: {}/{}[.gz] not found; install Debian's "
-                          "dataset-fashion-mnist or give the directory that holds the IDX files",
-                          dir, dir, name));
+  throw OptionError(Option::kData, "fashion-mnist:" + dir,
+                    fmt::format("{}/{}[.gz] not found; install Debian's dataset-fashion-mnist or "
+                                "give the directory that holds the IDX files",
+                                dir, name));
 }
 
 /// `tensor` (read from `path`) must have `sizes`.

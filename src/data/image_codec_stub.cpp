@@ -1,14 +1,16 @@
 // This build found no libturbojpeg or stb: image files cannot be read.
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "data/image_codec.h"
 
 namespace batchtune {
 namespace {
 
 [[noreturn]] void not_built() {
-  throw Error("--data imagefolder: this batchtune was built without libturbojpeg and stb; "
-              "install libturbojpeg0-dev and libstb-dev (scripts/setup) and rebuild");
+  throw OptionError(Option::kData, "imagefolder",
+                    "this batchtune was built without libturbojpeg and stb; install "
+                    "libturbojpeg0-dev and libstb-dev (scripts/setup) and rebuild");
 }
 
 }  // namespace

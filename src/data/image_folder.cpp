@@ -16,6 +16,7 @@
 #include <random>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 #include "data/image_codec.h"
 
@@ -31,8 +32,8 @@ bool is_directory(const std::string& path) {
 std::vector<std::string> list_directory(const std::string& dir) {
   DIR* handle = ::opendir(dir.c_str());
   if (handle == nullptr) {
-    throw Error(fmt::format("--data imagefolder:{}: cannot open the directory ({})", dir,
-                            std::strerror(errno)));
+    throw OptionError(Option::kData, "imagefolder:" + dir,
+                      fmt::format("cannot open the directory ({})", std::strerror(errno)));
   }
   std::vector<std::string> names;
   while (const dirent* entry = ::readdir(handle)) {
@@ -124,15 +125,15 @@ ImageFolderDataset::ImageFolderDataset(std::string dir, ImageFolderOptions optio
     : dir_(std::move(dir)), options_(std::move(options)) {
   const auto& shape = options_.sample_shape();
   if (shape.size() != 3 || (shape[0] != 1 && shape[0] != 3) || shape[1] < 1 || shape[2] < 1) {
-    throw Error(fmt::format("--input: images are CxHxW with C 1 (gray) or 3 (RGB), got {}; "
-                            "use e.g. --input 3x64x64",
-                            format_shape(shape)));
+    throw OptionError(Option::kInput,
+                      fmt::format("images are CxHxW with C 1 (gray) or 3 (RGB), got {}; use e.g. "
+                                  "{} 3x64x64",
+                                  format_shape(shape), mention(Option::kInput)));
   }
   if (!image_codec_compiled()) decode_image(dir_, {}, 3);  // throws: not built
   if (!is_directory(dir_)) {
-    throw Error(fmt::format("--data imagefolder:{}: not a directory; give a folder with one "
-                            "sub-folder of images per class",
-                            dir_));
+    throw OptionError(Option::kData, "imagefolder:" + dir_,
+                      "not a directory; give a folder with one sub-folder of images per class");
   }
   for (const std::string& name : list_directory(dir_)) {
     const std::string class_dir = dir_ + "/" + name;
@@ -146,16 +147,18 @@ ImageFolderDataset::ImageFolderDataset(std::string dir, ImageFolderOptions optio
       }
     }
     if (files_.size() == before) {
-      throw Error(fmt::format("--data imagefolder:{}: the class folder {} holds no .jpg, .jpeg "
-                              "or .png files; add images or remove it",
-                              dir_, class_dir));
+      throw OptionError(Option::kData, "imagefolder:" + dir_,
+                        fmt::format("the class folder {} holds no .jpg, .jpeg or .png files; add "
+                                    "images or remove it",
+                                    class_dir));
     }
     class_names_.push_back(name);
   }
   if (class_names_.size() < 2) {
-    throw Error(fmt::format("--data imagefolder:{}: found {} class folder(s); need at least 2 "
-                            "sub-folders, one per class, holding .jpg/.jpeg/.png files",
-                            dir_, class_names_.size()));
+    throw OptionError(Option::kData, "imagefolder:" + dir_,
+                      fmt::format("found {} class folder(s); need at least 2 sub-folders, one per "
+                                  "class, holding .jpg/.jpeg/.png files",
+                                  class_names_.size()));
   }
 }
 
@@ -250,8 +253,8 @@ Batch ImageFolderDataset::build(const std::vector<int64_t>& indices, bool augmen
         }
         if (first) std::fprintf(stderr, "warning: skipped: %s\n", first_line(e.what()).c_str());
         if (tried + 1 >= size()) {
-          throw Error(fmt::format("--data imagefolder:{}: no readable image in the folder",
-                                  dir_));
+          throw OptionError(Option::kData, "imagefolder:" + dir_,
+                            "no readable image in the folder");
         }
         index = (index + 1) % size();
       }

@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 #include "data/input_spec_parsing.h"
 
@@ -70,12 +71,13 @@ InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
   }
   if (input.dtype == c10::kLong) {
     if (vocab > kMaxClasses) {
-      throw Error(fmt::format("--vocab: must be at most {}, got {}", kMaxClasses, vocab));
+      throw OptionError(Option::kVocab,
+                        fmt::format("must be at most {}, got {}", kMaxClasses, vocab));
     }
     if (vocab < 1) {
-      throw Error(fmt::format("--vocab: token ids ({} {}) need a vocabulary size, like --vocab "
-                              "32000",
-                              what, text));
+      throw OptionError(Option::kVocab,
+                        fmt::format("token ids ({} {}) need a vocabulary size, like {} 32000", what,
+                                    text, mention(Option::kVocab)));
     }
     input.vocab = vocab;
   }
@@ -83,10 +85,15 @@ InputTensorSpec parse_input_tensor(const std::string& text, int64_t vocab,
 }
 
 InputSpec parse_input_flags(const InputFlags& flags) {
-  if (flags.inputs().empty()) throw Error("--input: give at least one input, like 3x224x224");
-  if (flags.vocab() < 0) throw Error(fmt::format("--vocab: must be positive, got {}", flags.vocab()));
+  if (flags.inputs().empty()) {
+    throw OptionError(Option::kInput, "give at least one input, like 3x224x224");
+  }
+  if (flags.vocab() < 0) {
+    throw OptionError(Option::kVocab, fmt::format("must be positive, got {}", flags.vocab()));
+  }
   if (flags.classes() < 0 || flags.classes() == 1) {
-    throw Error(fmt::format("--classes: need at least 2 classes, got {}", flags.classes()));
+    throw OptionError(Option::kClasses,
+                      fmt::format("need at least 2 classes, got {}", flags.classes()));
   }
   InputSpec spec;
   for (size_t i = 0; i < flags.inputs().size(); ++i) {
@@ -98,9 +105,9 @@ InputSpec parse_input_flags(const InputFlags& flags) {
       std::any_of(spec.inputs.begin(), spec.inputs.end(),
                   [](const InputTensorSpec& input) { return input.dtype == c10::kLong; });
   if (flags.vocab() > 0 && !any_tokens) {
-    throw Error(fmt::format("--vocab: only token-id inputs take a vocabulary, like --input "
-                            "int64:128 --vocab {}",
-                            flags.vocab()));
+    throw OptionError(Option::kVocab,
+                      fmt::format("only token-id inputs take a vocabulary, like {} int64:128 {} {}",
+                                  mention(Option::kInput), mention(Option::kVocab), flags.vocab()));
   }
   const std::string& target = flags.target();
   if (target == "auto") {
@@ -111,7 +118,7 @@ InputSpec parse_input_flags(const InputFlags& flags) {
     spec.target.kind = TargetKind::kRegression;
     spec.target.shape = parse_shape(target.substr(6), "--target");
   } else if (target == "float") {
-    throw Error("--target: a float target needs its per-sample shape, like float:1");
+    throw OptionError(Option::kTarget, "a float target needs its per-sample shape, like float:1");
   } else {
     spec.target.kind = parse_target_kind(target, "--target");
   }
@@ -119,12 +126,14 @@ InputSpec parse_input_flags(const InputFlags& flags) {
                         : spec.target.kind == TargetKind::kToken ? flags.vocab()
                                                                  : kDefaultClasses;
   if (spec.target.kind == TargetKind::kToken && spec.target.classes < 2) {
-    throw Error("--classes: per-token targets need a class count (--classes, or --vocab for "
-                "token input)");
+    throw OptionError(Option::kClasses, "per-token targets need a class count (" +
+                                            mention(Option::kClasses) + ", or " +
+                                            mention(Option::kVocab) + " for token input)");
   }
   if (spec.target.kind == TargetKind::kRegression || spec.target.kind == TargetKind::kNone) {
     if (flags.classes() > 0) {
-      throw Error(fmt::format("--classes: {} targets take no classes", target_name(spec.target.kind)));
+      throw OptionError(Option::kClasses,
+                        fmt::format("{} targets take no classes", target_name(spec.target.kind)));
     }
     spec.target.classes = 0;
   }

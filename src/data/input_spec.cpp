@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/shape.h"
 #include "data/input_spec_parsing.h"
 
@@ -187,13 +188,13 @@ void validate(InputSpec& spec, const std::string& what) {
     case TargetKind::kClass:
     case TargetKind::kToken:
       if (target.classes < 2 || target.classes > kMaxClasses) {
-        throw Error(fmt::format("--classes: need from 2 to {} classes, got {}", kMaxClasses,
-                                target.classes));
+        throw OptionError(Option::kClasses, fmt::format("need from 2 to {} classes, got {}",
+                                                        kMaxClasses, target.classes));
       }
       if (spec.loss == LossKind::kMse) {
-        throw Error(fmt::format("--loss: mse needs float targets (--target float:SHAPE), not "
-                                "{} indices",
-                                target_name(target.kind)));
+        throw OptionError(Option::kLoss,
+                          fmt::format("mse needs float targets ({} float:SHAPE), not {} indices",
+                                      mention(Option::kTarget), target_name(target.kind)));
       }
       break;
     case TargetKind::kRegression:
@@ -202,14 +203,15 @@ void validate(InputSpec& spec, const std::string& what) {
                                 what));
       }
       if (spec.loss == LossKind::kCrossEntropy) {
-        throw Error("--loss: ce needs class or token targets; float targets take mse");
+        throw OptionError(Option::kLoss, "ce needs class or token targets; float targets take mse");
       }
       break;
     case TargetKind::kNone:
       if (spec.loss != LossKind::kModel) {
-        throw Error(fmt::format("--loss: {} needs targets; without targets only --loss model "
-                                "(forward returns the loss) can train",
-                                loss_name(spec.loss)));
+        throw OptionError(Option::kLoss,
+                          fmt::format("{} needs targets; without targets only {} model "
+                                      "(forward returns the loss) can train",
+                                      loss_name(spec.loss), mention(Option::kLoss)));
       }
       break;
   }
@@ -280,13 +282,15 @@ InputSpec at_length(const InputSpec& spec, int64_t length) {
   const auto range = length_range(spec);
   const int64_t longest = sequence_length(spec);
   if (longest == 0) {
-    throw Error(fmt::format("--input: {} holds no sequence, so it has no length to set",
-                            describe(spec)));
+    throw OptionError(Option::kInput,
+                      fmt::format("{} holds no sequence, so it has no length to set",
+                                  describe(spec)));
   }
   const int64_t shortest = range ? range->min : longest;
   if (length < shortest || length > longest) {
-    throw Error(fmt::format("--input: length {} is outside the sequence lengths {}..{} of {}",
-                            length, shortest, longest, describe(spec)));
+    throw OptionError(Option::kInput,
+                      fmt::format("length {} is outside the sequence lengths {}..{} of {}", length,
+                                  shortest, longest, describe(spec)));
   }
   InputSpec out = spec;
   for (auto& input : out.inputs) {

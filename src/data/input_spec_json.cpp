@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/file_roles.h"
 #include "common/json_depth.h"
 #include "data/input_spec_parsing.h"
@@ -175,9 +176,9 @@ InputSpec parse_input_spec_json(const std::string& text, const std::string& what
 }
 
 InputSpec load_input_spec(const std::string& path) {
-  check_input_file(path, "--input-spec");
+  check_input_file(path, Option::kInputSpec);
   std::ifstream file(path);
-  if (!file) throw Error(fmt::format("--input-spec: cannot read '{}'", path));
+  if (!file) throw OptionError(Option::kInputSpec, fmt::format("cannot read '{}'", path));
   std::ostringstream text;
   text << file.rdbuf();
   return parse_input_spec_json(text.str(), fmt::format("--input-spec {}", path));

@@ -7,6 +7,7 @@
 
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -25,16 +26,17 @@ uint64_t draw_of(uint64_t seed, int64_t number) {
 Loader::Loader(const Dataset& data, BatchIndices indices, LoaderOptions options)
     : data_(data), indices_(std::move(indices)), options_(std::move(options)) {
   if (options_.workers() < 0) {
-    throw Error(fmt::format("--workers: must be 0 (load on the training thread) or more, got {}",
-                            options_.workers()));
+    throw OptionError(Option::kWorkers,
+                      fmt::format("must be 0 (load on the training thread) or more, got {}",
+                                  options_.workers()));
   }
   if (options_.prefetch() < 0) {
-    throw Error(fmt::format("--prefetch: must be 0 or more batches per worker, got {}",
-                            options_.prefetch()));
+    throw OptionError(Option::kPrefetch, fmt::format("must be 0 or more batches per worker, got {}",
+                                                     options_.prefetch()));
   }
   if (options_.workers() > kMaxWorkers) {
-    throw Error(fmt::format("--workers: must be at most {}, got {}", kMaxWorkers,
-                            options_.workers()));
+    throw OptionError(Option::kWorkers,
+                      fmt::format("must be at most {}, got {}", kMaxWorkers, options_.workers()));
   }
   TORCH_CHECK(indices_, "Loader: needs the batches' indices");
   scheduled_ = taken_ = options_.first_batch();
@@ -45,9 +47,9 @@ Loader::Loader(const Dataset& data, BatchIndices indices, LoaderOptions options)
     // are stopped and joined, so that none is destroyed while joinable.
     const size_t started = threads_.size();
     stop_workers();
-    throw Error(fmt::format("--workers {}: cannot start loader thread {} ({}); use fewer "
-                            "workers",
-                            options_.workers(), started + 1, e.what()));
+    throw OptionError(Option::kWorkers, std::to_string(options_.workers()),
+                      fmt::format("cannot start loader thread {} ({}); use fewer workers",
+                                  started + 1, e.what()));
   }
   if (options_.workers() > 0) refill();  // start building before the first next()
 }

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 namespace {
@@ -56,9 +57,9 @@ void list_files(const std::string& dir, int depth, std::vector<std::string>& fil
 std::vector<std::string> text_files(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw Error(fmt::format("--data text:{}: not a folder; give a folder of text files, like "
-                            "text:/usr/share/common-licenses",
-                            dir));
+    throw OptionError(Option::kData, "text:" + dir,
+                      "not a folder; give a folder of text files, like "
+                      "text:/usr/share/common-licenses");
   }
   std::vector<std::string> files;
   Seen seen = {{st.st_dev, st.st_ino}};
@@ -71,8 +72,9 @@ std::vector<std::string> text_files(const std::string& dir) {
 
 TextDataset::TextDataset(const std::string& dir, LengthRange range) : dir_(dir), range_(range) {
   if (range.min < 1 || range.max < range.min) {
-    throw Error(fmt::format("--input: text needs a length range like int64:16..512, got {}..{}",
-                            range.min, range.max));
+    throw OptionError(Option::kInput,
+                      fmt::format("text needs a length range like int64:16..512, got {}..{}",
+                                  range.min, range.max));
   }
   std::string all;
   for (const std::string& path : text_files(dir)) {
@@ -102,9 +104,10 @@ TextDataset::TextDataset(const std::string& dir, LengthRange range) : dir_(dir),
     }
   }
   if (lengths_.empty()) {
-    throw Error(fmt::format("--data text:{}: no paragraph of {} to {} tokens in {} text file(s); "
-                            "give a folder of text files, like text:/usr/share/common-licenses",
-                            dir, range.min, range.max, documents_));
+    throw OptionError(Option::kData, "text:" + dir,
+                      fmt::format("no paragraph of {} to {} tokens in {} text file(s); give a "
+                                  "folder of text files, like text:/usr/share/common-licenses",
+                                  range.min, range.max, documents_));
   }
   bytes_ = at::empty({static_cast<int64_t>(all.size())}, at::kByte);
   std::memcpy(bytes_.data_ptr(), all.data(), all.size());

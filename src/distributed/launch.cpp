@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/distributed/distributed.h"
 #include "distributed/wait.h"
 
@@ -185,18 +186,22 @@ std::pair<std::string, int> parse_master(const std::string& text, const std::str
 
 LaunchResult launch(const LaunchOptions& o, std::ostream& out) {
   if (o.nproc() < 1 || o.nproc() > kMaxLocalRanks) {
-    throw Error(fmt::format("--nproc: must be from 1 to {}, got {}", kMaxLocalRanks, o.nproc()));
+    throw OptionError(Option::kNproc,
+                      fmt::format("must be from 1 to {}, got {}", kMaxLocalRanks, o.nproc()));
   }
   if (o.nnodes() < 1 || o.nnodes() > kMaxWorldSize / o.nproc()) {
-    throw Error(fmt::format("--nnodes: must be from 1 to {} (at most {} ranks in all), got {}",
-                            kMaxWorldSize / o.nproc(), kMaxWorldSize, o.nnodes()));
+    throw OptionError(Option::kNnodes,
+                      fmt::format("must be from 1 to {} (at most {} ranks in all), got {}",
+                                  kMaxWorldSize / o.nproc(), kMaxWorldSize, o.nnodes()));
   }
   if (o.node_rank() < 0 || o.node_rank() >= o.nnodes()) {
-    throw Error(fmt::format("--node-rank: must be from 0 to {} (--nnodes - 1), got {}",
-                            o.nnodes() - 1, o.node_rank()));
+    throw OptionError(Option::kNodeRank, fmt::format("must be from 0 to {} ({} - 1), got {}",
+                                                     o.nnodes() - 1, mention(Option::kNnodes),
+                                                     o.node_rank()));
   }
   if (o.nnodes() > 1 && o.master_port() == 0) {
-    throw Error("--master: several hosts need ADDR:PORT of node 0, the same on every host");
+    throw OptionError(Option::kMaster,
+                      "several hosts need ADDR:PORT of node 0, the same on every host");
   }
   if (o.args().empty()) {
     throw Error("launch: nothing to run; give the command after --, e.g. "

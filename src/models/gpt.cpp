@@ -8,7 +8,10 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <utility>
+
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "models/builtin_models.h"
 
 namespace batchtune::models {
@@ -113,23 +116,25 @@ TORCH_MODULE(Gpt);
 BuiltModule make_gpt(const ModelSpec& spec) {
   const GptOptions& options = spec.gpt;
   if (spec.input_shape.size() != 1) {
-    throw Error(fmt::format("--input: gpt takes a sequence of token ids, like int64:128; got {} "
-                            "dimensions per sample",
-                            spec.input_shape.size()));
+    throw OptionError(Option::kInput, fmt::format("gpt takes a sequence of token ids, like "
+                                                  "int64:128; got {} dimensions per sample",
+                                                  spec.input_shape.size()));
   }
-  if (options.layers() < 1 || options.heads() < 1 || options.width() < 1) {
-    throw Error(fmt::format("--layers/--heads/--width: gpt needs at least 1 of each, got {}, {}, "
-                            "{}",
-                            options.layers(), options.heads(), options.width()));
+  for (const auto& [option, value] : {std::pair{Option::kLayers, options.layers()},
+                                      std::pair{Option::kHeads, options.heads()},
+                                      std::pair{Option::kWidth, options.width()}}) {
+    if (value < 1) throw OptionError(option, fmt::format("gpt needs at least 1, got {}", value));
   }
   if (options.width() % options.heads() != 0) {
-    throw Error(fmt::format("--width: gpt's width ({}) must be a multiple of --heads ({})",
-                            options.width(), options.heads()));
+    throw OptionError(Option::kWidth, fmt::format("gpt's width ({}) must be a multiple of {} ({})",
+                                                  options.width(), mention(Option::kHeads),
+                                                  options.heads()));
   }
   if (spec.classes != spec.vocab) {
-    throw Error(fmt::format("--classes: gpt predicts the next token, so its classes are its "
-                            "vocabulary (--vocab {}); got {}",
-                            spec.vocab, spec.classes));
+    throw OptionError(Option::kClasses,
+                      fmt::format("gpt predicts the next token, so its classes are its vocabulary "
+                                  "({} {}); got {}",
+                                  mention(Option::kVocab), spec.vocab, spec.classes));
   }
   // Per token and block: the q, k, v and output projections (4 w^2) and the
   // 4x MLP (8 w^2), as multiply-adds; attention scores and their weighted

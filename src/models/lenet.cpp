@@ -6,6 +6,7 @@
 #include <torch/nn/modules/pooling.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "models/builtin_models.h"
 
 namespace batchtune::models {
@@ -20,15 +21,15 @@ constexpr int64_t kHidden = 120;
 BuiltModule make_lenet(const ModelSpec& spec) {
   namespace nn = torch::nn;
   if (spec.input_shape.size() != 3) {
-    throw Error("--input: lenet needs an image shape CxHxW, like 1x28x28");
+    throw OptionError(Option::kInput, "lenet needs an image shape CxHxW, like 1x28x28");
   }
   // conv(pad 2) keeps the side, pool halves it, conv(no pad) takes 4, pool halves.
   const auto side = [](int64_t s) { return (s / 2 - (kKernel - 1)) / 2; };
   const int64_t h = side(spec.input_shape[1]);
   const int64_t w = side(spec.input_shape[2]);
   if (h < 1 || w < 1) {
-    throw Error(fmt::format("--input: lenet needs images of at least 12x12, got {}x{}",
-                            spec.input_shape[1], spec.input_shape[2]));
+    throw OptionError(Option::kInput, fmt::format("lenet needs images of at least 12x12, got {}x{}",
+                                                  spec.input_shape[1], spec.input_shape[2]));
   }
   const int64_t c = spec.input_shape[0];
   const int64_t h1 = spec.input_shape[1];

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/models/model.h"
 #include "batchtune/models/module_model.h"
 #include "batchtune/models/script_model.h"
@@ -47,21 +48,25 @@ std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSp
   for (const auto& m : zoo()) {
     if (name != m.name) continue;
     if (m.tokens && spec.vocab < 1) {
-      throw Error(fmt::format("--input: {} takes token ids, like --input int64:128 --vocab 32000; "
-                              "got float input {}",
-                              name, format_shape(spec.input_shape)));
+      throw OptionError(Option::kInput,
+                        fmt::format("{} takes token ids, like {} int64:128 {} 32000; got float "
+                                    "input {}",
+                                    name, mention(Option::kInput), mention(Option::kVocab),
+                                    format_shape(spec.input_shape)));
     }
     if (!m.tokens && spec.vocab > 0) {
-      throw Error(fmt::format("--input: {} takes float input, not token ids; use gpt or a "
-                              "TorchScript model for token ids",
-                              name));
+      throw OptionError(Option::kInput, fmt::format("{} takes float input, not token ids; use gpt "
+                                                    "or a TorchScript model for token ids",
+                                                    name));
     }
     if (spec.input_shape.size() != m.min_rank && m.min_rank == 3) {
-      throw Error(fmt::format("--input: {} needs an image shape CxHxW, like 3x64x64; got {}",
-                              name, format_shape(spec.input_shape)));
+      throw OptionError(Option::kInput, fmt::format("{} needs an image shape CxHxW, like 3x64x64; "
+                                                    "got {}",
+                                                    name, format_shape(spec.input_shape)));
     }
     if (spec.classes < 2) {
-      throw Error(fmt::format("--classes: need at least 2 classes, got {}", spec.classes));
+      throw OptionError(Option::kClasses,
+                        fmt::format("need at least 2 classes, got {}", spec.classes));
     }
     models::BuiltModule built = m.make(spec);
     return std::make_unique<ModuleModel>(
@@ -72,8 +77,8 @@ std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSp
         },
         built.forward_flops > 0 ? std::optional<double>(built.forward_flops) : std::nullopt);
   }
-  throw Error(fmt::format("--model: unknown model '{}'; built-in models are {}", name,
-                          fmt::join(builtin_model_names(), ", ")));
+  throw OptionError(Option::kModel, fmt::format("unknown model '{}'; built-in models are {}", name,
+                                                 fmt::join(builtin_model_names(), ", ")));
 }
 
 bool is_script_model_path(const std::string& name) {

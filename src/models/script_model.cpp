@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/file_roles.h"
 #include "batchtune/data/input_spec.h"
 
@@ -85,9 +86,10 @@ at::Tensor output_tensor(const c10::IValue& result, const std::string& path) {
       if (it != dict.end() && it->value().isTensor()) return it->value().toTensor();
     }
   }
-  throw Error(fmt::format("--model {}: forward returned {}; batchtune needs a tensor, a tuple "
-                          "whose first element is one, or a dict with 'loss' or 'logits'",
-                          path, result.tagKind()));
+  throw OptionError(Option::kModel, path,
+                    fmt::format("forward returned {}; batchtune needs a tensor, a tuple whose "
+                                "first element is one, or a dict with 'loss' or 'logits'",
+                                result.tagKind()));
 }
 
 class ScriptModel final : public Model {
@@ -96,7 +98,7 @@ class ScriptModel final : public Model {
       : path_(std::move(path)), module_(std::move(module)), options_(options) {
     const auto method = module_.find_method("forward");
     if (!method) {
-      throw Error(fmt::format("--model {}: the module has no forward method", path_));
+      throw OptionError(Option::kModel, path_, "the module has no forward method");
     }
     std::ostringstream signature;
     signature << method->function().getSchema();
@@ -107,11 +109,12 @@ class ScriptModel final : public Model {
       if (p.requires_grad()) parameters_.push_back(p);
     }
     if (parameters_.empty()) {
-      throw Error(fmt::format(
-          "--model {}: no trainable parameters ({} parameters, none with requires_grad); "
-          "save the module before freezing it (torch.jit.freeze) and with its parameters "
-          "trainable",
-          path_, all));
+      throw OptionError(
+          Option::kModel, path_,
+          fmt::format("no trainable parameters ({} parameters, none with requires_grad); save "
+                      "the module before freezing it (torch.jit.freeze) and with its parameters "
+                      "trainable",
+                      all));
     }
     module_.train(true);
   }
@@ -133,8 +136,9 @@ class ScriptModel final : public Model {
       if (mentions_out_of_memory(message)) {
         TORCH_CHECK_WITH(OutOfMemoryError, false, reason(message));
       }
-      throw Error(fmt::format("--model {}: {} does not accept the inputs {}: {}", path_,
-                              signature_, describe_tensors(inputs), reason(message)));
+      throw OptionError(Option::kModel, path_,
+                        fmt::format("{} does not accept the inputs {}: {}", signature_,
+                                    describe_tensors(inputs), reason(message)));
     }
     return output_tensor(result, path_);
   }
@@ -197,16 +201,17 @@ std::unique_ptr<Model> load_script_model(const std::string& path,
                                          const ScriptModelOptions& options) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    throw Error(fmt::format("--model {}: no such file, and not a built-in model", path));
+    throw OptionError(Option::kModel, path, "no such file, and not a built-in model");
   }
-  check_input_file(path, "--model");
+  check_input_file(path, Option::kModel);
   torch::jit::Module module;
   try {
     module = torch::jit::load(path);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("--model {}: not a TorchScript archive ({}); save one from Python "
-                            "with torch.jit.script(model).save(path)",
-                            path, reason(e.what())));
+    throw OptionError(Option::kModel, path,
+                      fmt::format("not a TorchScript archive ({}); save one from Python with "
+                                  "torch.jit.script(model).save(path)",
+                                  reason(e.what())));
   }
   return std::make_unique<ScriptModel>(path, std::move(module), options);
 }

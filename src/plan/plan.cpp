@@ -44,21 +44,26 @@ std::string Plan::reason(PlanField field) const {
 }
 
 void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& current,
-                         const std::string& source) {
+                         const std::string& source, FrontEnd front_end) {
+  const auto name = [&](Option option) { return option_name(option, front_end); };
   const auto differ = [&](const char* field, const std::string& a, const std::string& b,
-                          const char* fix) {
+                          const std::string& fix) {
     if (a.empty() || b.empty() || a == b) return;
     throw Error(fmt::format("{}: the plan was made for {} {}, this run has {}; {}", source,
                             field, a, b, fix));
   };
   differ("model", planned.model, current.model,
-         "use that --model, or make a plan for this one (batchtune tune)");
+         fmt::format("use that {}, or make a plan for this one (batchtune tune)",
+                     name(Option::kModel)));
   differ("input", planned.input, current.input,
-         "use the same --input, or make a plan for this input (batchtune tune)");
+         fmt::format("use the same {}, or make a plan for this input (batchtune tune)",
+                     name(Option::kInput)));
   differ("optimizer", planned.optimizer, current.optimizer,
-         "use that --optimizer, or make a plan for this one (batchtune tune)");
+         fmt::format("use that {}, or make a plan for this one (batchtune tune)",
+                     name(Option::kOptimizer)));
   differ("device", planned.device, current.device,
-         "train on that --device, or make a plan on this one (batchtune tune)");
+         fmt::format("train on that {}, or make a plan on this one (batchtune tune)",
+                     name(Option::kDevice)));
   // A smaller budget than the plan was measured under: its micro-batch may
   // not fit. Within `kPlanMemoryTolerance` it is the same budget (without
   // --memory-limit a CPU's budget is the available RAM, which moves).
@@ -66,9 +71,10 @@ void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& curren
       static_cast<double>(current.memory_limit_bytes) <
           static_cast<double>(planned.memory_limit_bytes) * (1 - kPlanMemoryTolerance)) {
     throw Error(fmt::format("{}: the plan was measured with {} bytes usable, this run has only {}; "
-                            "give the same --memory-limit and --margin, or make a plan for this "
-                            "budget (batchtune tune)",
-                            source, planned.memory_limit_bytes, current.memory_limit_bytes));
+                            "give the same {} and {}, or make a plan for this budget (batchtune "
+                            "tune)",
+                            source, planned.memory_limit_bytes, current.memory_limit_bytes,
+                            name(Option::kMemoryLimit), name(Option::kMargin)));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/file_roles.h"
 #include "common/json_depth.h"
 
@@ -259,9 +260,9 @@ Plan parse_plan_json(const std::string& text, const std::string& source) {
 }
 
 Plan read_plan_file(const std::string& path) {
-  check_input_file(path, "--plan");
+  check_input_file(path, Option::kPlan);
   std::ifstream in(path);
-  if (!in) throw Error(fmt::format("--plan {}: cannot open the file", path));
+  if (!in) throw OptionError(Option::kPlan, path, "cannot open the file");
   std::stringstream text;
   text << in.rdbuf();
   return parse_plan_json(text.str(), "--plan " + path);

@@ -31,8 +31,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(lr).momentum(kSgdMomentum));
   }
-  throw Error(fmt::format("--optimizer: unknown optimizer '{}'; use {}", name,
-                          fmt::join(optimizer_names(), ", ")));
+  throw OptionError(Option::kOptimizer, fmt::format("unknown optimizer '{}'; use {}", name,
+                                                     fmt::join(optimizer_names(), ", ")));
 }
 
 std::string shape_text(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
@@ -62,16 +62,18 @@ at::Tensor spec_loss(const InputSpec& spec, const at::Tensor& output, const Batc
   namespace F = torch::nn::functional;
   const int64_t b = batch.size();
   const auto mismatch = [&](const std::string& expected) {
-    return Error(fmt::format("--model {}: its output is {} but {} targets need {}", model,
-                             shape_text(output.sizes()), target_name(spec.target.kind),
-                             expected));
+    return OptionError(Option::kModel, model,
+                       fmt::format("its output is {} but {} targets need {}",
+                                   shape_text(output.sizes()), target_name(spec.target.kind),
+                                   expected));
   };
   switch (spec.loss) {
     case LossKind::kModel:
       if (output.numel() != 1 || !output.is_floating_point()) {
-        throw Error(fmt::format("--loss model: the loss from {} must be a float scalar, got {} {}",
-                                model, dtype_name(output.scalar_type()),
-                                shape_text(output.sizes())));
+        throw OptionError(Option::kLoss, "model",
+                          fmt::format("the loss from {} must be a float scalar, got {} {}", model,
+                                      dtype_name(output.scalar_type()),
+                                      shape_text(output.sizes())));
       }
       return for_loss(output).reshape({});
     case LossKind::kMse: {
@@ -94,8 +96,8 @@ at::Tensor spec_loss(const InputSpec& spec, const at::Tensor& output, const Batc
                             batch.target.reshape({b * t}));
   }
   if (output.dim() != 2 || output.size(0) != b || output.size(1) != classes) {
-    throw mismatch(fmt::format("[{}, {}] (batch, classes); set --classes to the model's", b,
-                               classes));
+    throw mismatch(fmt::format("[{}, {}] (batch, classes); set {} to the model's", b, classes,
+                               mention(Option::kClasses)));
   }
   return F::cross_entropy(for_loss(output), batch.target);
 }
@@ -108,20 +110,20 @@ bool is_builtin(const std::string& model) {
 /// What the built-in models can take; a TorchScript model takes anything.
 void check_builtin_spec(const std::string& model, const InputSpec& spec) {
   if (spec.inputs.size() != 1) {
-    throw Error(fmt::format("--input: the built-in model {} takes one input, got {}; use a "
-                            "TorchScript model for more",
-                            model, spec.inputs.size()));
+    throw OptionError(Option::kInput, fmt::format("the built-in model {} takes one input, got {}; "
+                                                  "use a TorchScript model for more",
+                                                  model, spec.inputs.size()));
   }
   const auto dtype = spec.inputs.front().dtype;
   if (dtype != at::kFloat && dtype != at::kLong) {
-    throw Error(fmt::format("--input: the built-in model {} takes float32 input (or int64 token "
-                            "ids for gpt), not {}",
-                            model, dtype_name(dtype)));
+    throw OptionError(Option::kInput, fmt::format("the built-in model {} takes float32 input (or "
+                                                  "int64 token ids for gpt), not {}",
+                                                  model, dtype_name(dtype)));
   }
   if (spec.loss == LossKind::kModel) {
-    throw Error(fmt::format("--loss model: the built-in model {} returns logits, not a loss; use "
-                            "ce or mse",
-                            model));
+    throw OptionError(Option::kLoss, "model",
+                      fmt::format("the built-in model {} returns logits, not a loss; use ce or mse",
+                                  model));
   }
 }
 
@@ -179,7 +181,7 @@ Workload::~Workload() = default;
 
 void Workload::check_trains() {
   if (model_->parameters().empty()) {
-    throw Error(fmt::format("--model {}: no trainable parameters", options_.model()));
+    throw OptionError(Option::kModel, options_.model(), "no trainable parameters");
   }
   // One forward and loss on a tiny batch, so that a model that cannot take
   // the spec fails here with a clear message, not in the middle of a search.

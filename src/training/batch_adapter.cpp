@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/step/noise_scale.h"
 
 namespace batchtune {
@@ -51,25 +52,27 @@ BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling
       world_size_(world_size),
       options_(options) {
   if (base_batch_ < 1 || world_size_ < 1 || base_batch_ % world_size_ != 0) {
-    throw Error(fmt::format("--adapt: the starting global batch {} must be a positive multiple "
-                            "of the world size {}",
-                            base_batch_, world_size_));
+    throw OptionError(Option::kAdapt,
+                      fmt::format("the starting global batch {} must be a positive multiple "
+                                  "of the world size {}",
+                                  base_batch_, world_size_));
   }
   if (options_.every() < 1) {
-    throw Error(fmt::format("--adapt-every: must be at least 1 step, got {}", options_.every()));
+    throw OptionError(Option::kAdaptEvery,
+                      fmt::format("must be at least 1 step, got {}", options_.every()));
   }
   if (options_.max_global_batch() < 0) {
-    throw Error(fmt::format("--adapt-max-batch: must be 0 (for {} x the starting batch) or "
-                            "more, got {}",
-                            kDefaultAdaptGrowth, options_.max_global_batch()));
+    throw OptionError(Option::kAdaptMaxBatch,
+                      fmt::format("must be 0 (for {} x the starting batch) or more, got {}",
+                                  kDefaultAdaptGrowth, options_.max_global_batch()));
   }
   max_global_ = options_.max_global_batch() > 0
                     ? options_.max_global_batch()
                     : checked_product(base_batch_, kDefaultAdaptGrowth).value_or(kMaxPlanCount);
   if (max_global_ < base_batch_) {
-    throw Error(fmt::format("--adapt-max-batch: {} is below the starting global batch {}; give "
-                            "at least that",
-                            max_global_, base_batch_));
+    throw OptionError(Option::kAdaptMaxBatch,
+                      fmt::format("{} is below the starting global batch {}; give at least that",
+                                  max_global_, base_batch_));
   }
 }
 
@@ -238,9 +241,11 @@ nlohmann::json BatchAdapter::state() const {
 
 void BatchAdapter::load_state(const nlohmann::json& state) {
   if (state.at("base_batch").get<int64_t>() != base_batch_) {
-    throw Error(fmt::format("--resume: the checkpoint's --adapt run started at global batch {}, "
-                            "this one at {}; resume with the same plan",
-                            state.at("base_batch").get<int64_t>(), base_batch_));
+    throw OptionError(Option::kResume,
+                      fmt::format("the checkpoint's {} run started at global batch {}, this one "
+                                  "at {}; resume with the same plan",
+                                  mention(Option::kAdapt), state.at("base_batch").get<int64_t>(),
+                                  base_batch_));
   }
   micro_cap_ = state.at("micro_batch_cap").get<int64_t>();
   explored_from_ = state.at("explored_from").get<int64_t>();

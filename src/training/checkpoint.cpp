@@ -21,6 +21,7 @@
 #include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/file_roles.h"
+#include "batchtune/common/option.h"
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
 #include "batchtune/training/train_summary_json.h"
@@ -65,40 +66,46 @@ std::vector<std::string> names_of(const std::vector<std::pair<std::string, at::T
 void check_same_run(const RunIdentity& saved, const RunIdentity& expected,
                     const std::string& path) {
   const auto refuse = [&](const char* field, const std::string& was, const std::string& is,
-                          const char* flag) {
-    throw Error(fmt::format("--resume: {} was written by a run with {} {}, this one has {}; "
-                            "resume with the same {}, or give another --checkpoint DIR to "
-                            "start afresh",
-                            path, field, was, is, flag));
+                          const std::string& given_by) {
+    throw OptionError(Option::kResume,
+                      fmt::format("{} was written by a run with {} {}, this one has {}; resume "
+                                  "with the same {}, or give another {} DIR to start afresh",
+                                  path, field, was, is, given_by, mention(Option::kCheckpoint)));
   };
-  if (saved.model != expected.model) refuse("model", saved.model, expected.model, "--model");
-  if (saved.input != expected.input) refuse("input", saved.input, expected.input, "--input");
-  if (saved.optimizer != expected.optimizer) {
-    refuse("optimizer", saved.optimizer, expected.optimizer, "--optimizer");
+  if (saved.model != expected.model) {
+    refuse("model", saved.model, expected.model, mention(Option::kModel));
   }
-  if (saved.amp != expected.amp) refuse("amp", saved.amp, expected.amp, "--amp");
+  if (saved.input != expected.input) {
+    refuse("input", saved.input, expected.input, mention(Option::kInput));
+  }
+  if (saved.optimizer != expected.optimizer) {
+    refuse("optimizer", saved.optimizer, expected.optimizer, mention(Option::kOptimizer));
+  }
+  if (saved.amp != expected.amp) refuse("amp", saved.amp, expected.amp, mention(Option::kAmp));
   if (saved.world_size != expected.world_size) {
     refuse("world size", std::to_string(saved.world_size), std::to_string(expected.world_size),
-           "number of processes (launch --nproc)");
+           "number of processes (launch " + mention(Option::kNproc) + ")");
   }
   if (saved.global_batch_size != expected.global_batch_size) {
     refuse("global batch", std::to_string(saved.global_batch_size),
-           std::to_string(expected.global_batch_size), "--target-batch (or --plan)");
+           std::to_string(expected.global_batch_size),
+           mention(Option::kTargetBatch) + " (or " + mention(Option::kPlan) + ")");
   }
   if (saved.train_size != expected.train_size) {
     refuse("training samples", std::to_string(saved.train_size),
-           std::to_string(expected.train_size), "--data");
+           std::to_string(expected.train_size), mention(Option::kData));
   }
   if (saved.seed != expected.seed) {
-    refuse("seed", std::to_string(saved.seed), std::to_string(expected.seed), "--seed");
+    refuse("seed", std::to_string(saved.seed), std::to_string(expected.seed),
+           mention(Option::kSeed));
   }
   if (std::abs(saved.lr - expected.lr) > kLrTolerance * std::max(saved.lr, expected.lr)) {
     refuse("lr", fmt::format("{:.6g}", saved.lr), fmt::format("{:.6g}", expected.lr),
-           "--lr / --base-lr");
+           mention(Option::kLr) + " / " + mention(Option::kBaseLr));
   }
   if (saved.warmup_steps != expected.warmup_steps) {
     refuse("warm-up", std::to_string(saved.warmup_steps), std::to_string(expected.warmup_steps),
-           "--warmup");
+           mention(Option::kWarmup));
   }
 }
 
@@ -131,9 +138,10 @@ int remove_stale_checkpoint_files(const std::string& dir) {
 void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
                       const CheckpointRecord& record) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    throw Error(fmt::format("--checkpoint {}: cannot make the directory ({}); check that its "
-                            "parent exists and is writable",
-                            dir, std::strerror(errno)));
+    throw OptionError(Option::kCheckpoint, dir,
+                      fmt::format("cannot make the directory ({}); check that its parent exists "
+                                  "and is writable",
+                                  std::strerror(errno)));
   }
   remove_stale_checkpoint_files(dir);
   BudgetAllocator::UncountedScope uncounted;  // host copies, not device memory
@@ -208,16 +216,17 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
 
 namespace {
 
-Error not_a_checkpoint(const std::string& path, const std::string& why) {
-  return Error(fmt::format("--resume: {} is not a batchtune checkpoint ({}); delete it, or give "
-                           "another --checkpoint DIR to start afresh",
-                           path, why));
+OptionError not_a_checkpoint(const std::string& path, const std::string& why) {
+  return OptionError(Option::kResume,
+                     fmt::format("{} is not a batchtune checkpoint ({}); delete it, or give "
+                                 "another {} DIR to start afresh",
+                                 path, why, mention(Option::kCheckpoint)));
 }
 
-Error corrupt_checkpoint(const std::string& path, const std::string& what) {
-  return Error(fmt::format("--resume: {} is corrupt ({}); restore a good copy, or delete it "
-                           "to start afresh",
-                           path, what));
+OptionError corrupt_checkpoint(const std::string& path, const std::string& what) {
+  return OptionError(Option::kResume, fmt::format("{} is corrupt ({}); restore a good copy, or "
+                                                  "delete it to start afresh",
+                                                  path, what));
 }
 
 /// Loads `path` into `archive` and returns its checked record (the JSON
@@ -226,7 +235,7 @@ nlohmann::json load_checked_meta(const std::string& path,
                                  torch::serialize::InputArchive& archive) {
   const auto not_ours = [&](const std::string& why) { return not_a_checkpoint(path, why); };
   nlohmann::json meta;
-  check_input_file(path, "--resume");  // a FIFO would block the open
+  check_input_file(path, Option::kResume);  // a FIFO would block the open
   try {
     archive.load_from(path, c10::Device(c10::kCPU));
   } catch (const std::exception& e) {
@@ -311,10 +320,11 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   const auto params = target.model.named_parameters();
   const auto buffers = target.model.named_buffers();
   if (names_of(params) != param_names || names_of(buffers) != buffer_names) {
-    throw Error(fmt::format("--resume: {} holds other parameters than the model ({} and {} "
-                            "buffers there, {} and {} here); use the same --model",
-                            path, param_names.size(), buffer_names.size(), params.size(),
-                            buffers.size()));
+    throw OptionError(Option::kResume,
+                      fmt::format("{} holds other parameters than the model ({} and {} buffers "
+                                  "there, {} and {} here); use the same {}",
+                                  path, param_names.size(), buffer_names.size(), params.size(),
+                                  buffers.size(), mention(Option::kModel)));
   }
   // Every tensor read and checked before anything of the target changes.
   const auto& crcs = meta.at("crc32");
@@ -333,11 +343,13 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   const auto check_shape = [&](const at::Tensor& saved, const at::Tensor& live,
                                const std::string& name) {
     if (saved.sizes() != live.sizes() || saved.scalar_type() != live.scalar_type()) {
-      throw Error(fmt::format("--resume: {} holds {} as {} {}, the model has {} {}; use the same "
-                              "--model and --input",
-                              path, name, c10::toString(saved.scalar_type()),
-                              c10::str(saved.sizes()), c10::toString(live.scalar_type()),
-                              c10::str(live.sizes())));
+      throw OptionError(Option::kResume,
+                        fmt::format("{} holds {} as {} {}, the model has {} {}; use the same {} "
+                                    "and {}",
+                                    path, name, c10::toString(saved.scalar_type()),
+                                    c10::str(saved.sizes()), c10::toString(live.scalar_type()),
+                                    c10::str(live.sizes()), mention(Option::kModel),
+                                    mention(Option::kInput)));
     }
   };
   std::vector<at::Tensor> saved_params;
@@ -386,9 +398,10 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
     at::Generator default_generator = at::detail::getDefaultCPUGenerator();
     default_generator.set_state(generator);
   } catch (const std::exception& e) {
-    throw Error(fmt::format("--resume: {} does not load into this run ({}); give another "
-                            "--checkpoint DIR to start afresh",
-                            path, first_line(e.what())));
+    throw OptionError(Option::kResume,
+                      fmt::format("{} does not load into this run ({}); give another {} DIR to "
+                                  "start afresh",
+                                  path, first_line(e.what()), mention(Option::kCheckpoint)));
   }
   return record;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 
 namespace batchtune {
 
@@ -16,20 +17,21 @@ CheckpointLock::CheckpointLock(const std::string& dir) {
   const std::string path = dir + "/checkpoint.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
-    throw Error(fmt::format("--checkpoint {}: cannot open {} ({}); check the folder is writable",
-                            dir, path, std::strerror(errno)));
+    throw OptionError(Option::kCheckpoint, dir,
+                      fmt::format("cannot open {} ({}); check the folder is writable", path,
+                                  std::strerror(errno)));
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     ::close(fd_);
     fd_ = -1;
     if (error == EWOULDBLOCK) {
-      throw Error(fmt::format("--checkpoint {}: another run is writing checkpoints there; wait "
-                              "for it to end, or give another folder",
-                              dir));
+      throw OptionError(Option::kCheckpoint, dir,
+                        "another run is writing checkpoints there; wait for it to end, or give "
+                        "another folder");
     }
-    throw Error(fmt::format("--checkpoint {}: cannot lock {} ({})", dir, path,
-                            std::strerror(error)));
+    throw OptionError(Option::kCheckpoint, dir,
+                      fmt::format("cannot lock {} ({})", path, std::strerror(error)));
   }
 }
 

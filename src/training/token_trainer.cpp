@@ -12,6 +12,7 @@
 
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 #include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
@@ -115,23 +116,27 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
                 .noise_from_successive_steps(options.adapt())),
       lr_(plan.lr) {
   if (!fixed_ && plan.token_budget < 1) {
-    throw Error("--plan: training by tokens needs a plan with a token_budget (tune with --input "
-                "int64:MIN..MAX)");
+    throw OptionError(Option::kPlan, "training by tokens needs a plan with a token_budget (tune "
+                                     "with " + mention(Option::kInput) + " int64:MIN..MAX)");
   }
   if (options.epochs() < 1 && options.steps() < 1) {
-    throw Error("--epochs/--steps: give at least 1 epoch or step");
+    throw OptionError(Option::kEpochs,
+                      "give at least 1 epoch, or at least 1 step with " + mention(Option::kSteps));
   }
   if (options.target_tokens() < 0) {
-    throw Error(fmt::format("--target-tokens: must be at least 1, got {}", options.target_tokens()));
+    throw OptionError(Option::kTargetTokens,
+                      fmt::format("must be at least 1, got {}", options.target_tokens()));
   }
   if (const auto& target = options.target_loss()) {
     if (!(std::isfinite(*target) && *target > 0)) {
-      throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}", *target));
+      throw OptionError(Option::kTargetLoss,
+                        fmt::format("must be a positive loss, like 1.5; got {}", *target));
     }
   }
   if (options.loss_window() < 1) {
-    throw Error(fmt::format("--target-loss: the loss window must be at least 1 step, got {}",
-                            options.loss_window()));
+    throw OptionError(Option::kTargetLoss,
+                      fmt::format("the loss window must be at least 1 step, got {}",
+                                  options.loss_window()));
   }
   check_amp_device(plan.amp, memory.device(), "a plan's \"amp\" (or --amp)");
   pad_to_ = fixed_ ? std::max(options.pad_to(), longest_) : 0;
@@ -151,20 +156,22 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
   }
   if (options.adapt()) {
     if (fixed_) {
-      throw Error("--adapt: moves the tokens per step of a token budget; leave out --batch-size");
+      throw OptionError(Option::kAdapt, "moves the tokens per step of a token budget; leave out " +
+                                            mention(Option::kBatchSize));
     }
     if (!options.measure_noise_scale()) {
-      throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
-                  "drop one of them");
+      throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +
+                                            mention(Option::kNoiseScale) +
+                                            " turns off; drop one of them");
     }
     AdaptOptions adapt = options.adapt_options();
     adapt.unit("tokens");
     int64_t data_tokens = 0;
     for (int64_t l : lengths_) data_tokens += l;
     if (adapt.max_global_batch() > data_tokens) {
-      throw Error(fmt::format("--adapt-max-batch: {} tokens is more than the data's {}; give at "
-                              "most that",
-                              adapt.max_global_batch(), data_tokens));
+      throw OptionError(Option::kAdaptMaxBatch,
+                        fmt::format("{} tokens is more than the data's {}; give at most that",
+                                    adapt.max_global_batch(), data_tokens));
     }
     if (adapt.max_global_batch() == 0) {
       adapt.max_global_batch(std::max(

@@ -14,6 +14,7 @@
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/data/loader.h"
@@ -59,60 +60,70 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
       cursor_(std::max<int64_t>(train.size(), 1),
               std::clamp<int64_t>(plan_.global_batch_size, 1, std::max<int64_t>(train.size(), 1))) {
   if (options_.clock() != nullptr) clock_ = options_.clock();
-  if (plan_.amp == AmpMode::kAuto) throw Error("--amp: auto must be resolved before training");
+  if (plan_.amp == AmpMode::kAuto) {
+    throw OptionError(Option::kAmp, "auto must be resolved before training");
+  }
   // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
   check_amp_device(plan_.amp, memory.device(), "a plan's \"amp\" (or --amp)");
   if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
-    throw Error(fmt::format("--epochs/--steps: need a positive number of epochs or steps, got "
-                            "{} and {}",
-                            options_.epochs(), options_.steps()));
+    throw OptionError(Option::kEpochs,
+                      fmt::format("need a positive number of epochs or {}, got {} and {}",
+                                  mention(Option::kSteps), options_.epochs(), options_.steps()));
   }
   if (options_.log_every() < 0) {
-    throw Error(fmt::format("--log-every: must be 0 (none) or more, got {}", options_.log_every()));
+    throw OptionError(Option::kLogEvery,
+                      fmt::format("must be 0 (none) or more, got {}", options_.log_every()));
   }
   if (options_.checkpoint_every() < 0) {
-    throw Error(fmt::format("--checkpoint-every: must be 0 (at the end only) or more, got {}",
-                            options_.checkpoint_every()));
+    throw OptionError(Option::kCheckpointEvery,
+                      fmt::format("must be 0 (at the end only) or more, got {}",
+                                  options_.checkpoint_every()));
   }
   if (options_.eval_every_samples() < 0) {
-    throw Error(fmt::format("--eval-every-samples: must be 0 (epoch ends only) or more, got {}",
-                            options_.eval_every_samples()));
+    throw OptionError(Option::kEvalEverySamples,
+                      fmt::format("must be 0 (epoch ends only) or more, got {}",
+                                  options_.eval_every_samples()));
   }
   if (options_.eval_every_samples() > 0 && options_.eval_every() > 0) {
-    throw Error("--eval-every-samples: give it or --eval-every, not both");
+    throw OptionError(Option::kEvalEverySamples,
+                      "give it or " + mention(Option::kEvalEvery) + ", not both");
   }
   if (options_.eval_every() < 0) {
-    throw Error(fmt::format("--eval-every: must be 0 (epoch ends only) or more, got {}",
-                            options_.eval_every()));
+    throw OptionError(Option::kEvalEvery, fmt::format("must be 0 (epoch ends only) or more, got {}",
+                                                      options_.eval_every()));
   }
   if (const auto& target = options_.target_accuracy()) {
     if (!(*target > 0 && *target <= 1)) {
-      throw Error(fmt::format("--target-accuracy: must be a fraction in (0, 1], like 0.85; got {}",
-                              *target));
+      throw OptionError(Option::kTargetAccuracy,
+                        fmt::format("must be a fraction in (0, 1], like 0.85; got {}", *target));
     }
     if (test_ == nullptr) {
-      throw Error("--target-accuracy: needs a test split to evaluate on (--data fashion-mnist, "
-                  "or an image folder with a test/ sub-folder)");
+      throw OptionError(Option::kTargetAccuracy,
+                        "needs a test split to evaluate on (" + mention(Option::kData) +
+                            " fashion-mnist, or an image folder with a test/ sub-folder)");
     }
   }
   if (options_.resume() && options_.checkpoint_dir().empty()) {
-    throw Error("--resume: needs --checkpoint DIR to resume from");
+    throw OptionError(Option::kResume,
+                      "needs " + mention(Option::kCheckpoint) + " DIR to resume from");
   }
   if (steps_per_epoch() == 0) {
-    throw Error(fmt::format("--target-batch: the global batch {} is larger than the {} "
-                            "training samples; use a smaller batch",
-                            plan_.global_batch_size, train_.size()));
+    throw OptionError(Option::kTargetBatch,
+                      fmt::format("the global batch {} is larger than the {} training samples; "
+                                  "use a smaller batch",
+                                  plan_.global_batch_size, train_.size()));
   }
   if (options_.adapt()) {
     if (!options_.measure_noise_scale()) {
-      throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
-                  "drop one of them");
+      throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +
+                                            mention(Option::kNoiseScale) +
+                                            " turns off; drop one of them");
     }
     AdaptOptions adapt = options_.adapt_options();
     if (adapt.max_global_batch() > train_.size()) {
-      throw Error(fmt::format("--adapt-max-batch: {} is more than the {} training samples; give "
-                              "at most that",
-                              adapt.max_global_batch(), train_.size()));
+      throw OptionError(Option::kAdaptMaxBatch,
+                        fmt::format("{} is more than the {} training samples; give at most that",
+                                    adapt.max_global_batch(), train_.size()));
     }
     if (adapt.max_global_batch() == 0) {
       // The default growth, within the data (a multiple of the world size).
@@ -127,8 +138,10 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
   }
   const auto& inputs = workload_.input_spec().inputs;
   if (inputs.size() != 1 || train_.sample_shape() != inputs.front().shape) {
-    throw Error(fmt::format("--input: the data's samples ({}) do not match the model's input ({})",
-                            format_shape(train_.sample_shape()), describe(workload_.input_spec())));
+    throw OptionError(Option::kInput,
+                      fmt::format("the data's samples ({}) do not match the model's input ({})",
+                                  format_shape(train_.sample_shape()),
+                                  describe(workload_.input_spec())));
   }
 }
 
@@ -236,9 +249,12 @@ TrainSummary Trainer::run() {
       // Nothing left to train: a finished run's summary as it was, never a
       // summary of zero steps over it.
       if (!finished) {
-        throw Error(fmt::format("--resume: {}/{} is at step {}, past the {} steps of this run; "
-                                "ask for more --steps or --epochs",
-                                options_.checkpoint_dir(), kCheckpointFile, step_, total_steps_));
+        throw OptionError(Option::kResume,
+                          fmt::format("{}/{} is at step {}, past the {} steps of this run; ask "
+                                      "for more {} or {}",
+                                      options_.checkpoint_dir(), kCheckpointFile, step_,
+                                      total_steps_, mention(Option::kSteps),
+                                      mention(Option::kEpochs)));
       }
       emit(TrainEvent::Kind::kResumed,
            fmt::format("the run in {} is already finished (step {} of {}{}): nothing to "
@@ -267,9 +283,10 @@ TrainSummary Trainer::run() {
     }
   }
   if (plan_.world_size != data_parallel_.world_size()) {
-    throw Error(fmt::format("--plan: world_size {} but this job has {} process(es); launch as "
-                            "many, or make the plan for this job",
-                            plan_.world_size, data_parallel_.world_size()));
+    throw OptionError(Option::kPlan,
+                      fmt::format("world_size {} but this job has {} process(es); launch as many, "
+                                  "or make the plan for this job",
+                                  plan_.world_size, data_parallel_.world_size()));
   }
   // Every rank starts from rank 0's parameters and buffers.
   data_parallel_.broadcast_from_first(workload_.model().parameters());

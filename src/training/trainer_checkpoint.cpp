@@ -10,6 +10,7 @@
 
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/option.h"
 #include "batchtune/data/input_spec.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
@@ -68,9 +69,10 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   oom_recoveries_ = p.oom_recoveries;
   const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
   if (record->adapt && !adapter_) {
-    throw Error(fmt::format("--resume: {} was written by an --adapt run (its global batch "
-                            "changed as it went); resume it with --adapt",
-                            path));
+    throw OptionError(Option::kResume,
+                      fmt::format("{} was written by an {} run (its global batch changed as it "
+                                  "went); resume it with {}",
+                                  path, mention(Option::kAdapt), mention(Option::kAdapt)));
   }
   if (record->adapt) {
     try {
@@ -98,9 +100,11 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(fmt::format("--resume: {} has an unreadable --adapt state ({}); start afresh "
-                              "in another --checkpoint directory",
-                              path, first_line(e.what())));
+      throw OptionError(Option::kResume,
+                        fmt::format("{} has an unreadable {} state ({}); start afresh in another "
+                                    "{} directory",
+                                    path, mention(Option::kAdapt), first_line(e.what()),
+                                    mention(Option::kCheckpoint)));
     }
     // The plan as it stood: the schedule's batch and lr, any smaller
     // micro-batch an out-of-memory forced.

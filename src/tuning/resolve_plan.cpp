@@ -23,7 +23,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const Plan file = read_plan_file(request.plan_file);
     const std::string source =
         (request.front_end == FrontEnd::kCli ? "--plan " : "the plan ") + request.plan_file;
-    check_plan_workload(file.workload, current, source);
+    check_plan_workload(file.workload, current, source, request.front_end);
     AmpChoice amp{file.amp, fmt::format("amp {}: from the plan {}", amp_name(file.amp),
                                         request.plan_file)};
     if (request.amp) {

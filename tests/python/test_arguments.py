@@ -128,6 +128,15 @@ def test_a_library_error_carries_its_option_named_as_python_names_it(kwargs, opt
     assert e.value.option == option
 
 
+def test_the_cores_option_errors_name_pythons_argument_never_the_flag():
+    # The compiled layer raises the library's OptionError: what the CLI shows
+    # as "--amp: ..." reaches Python as "amp: ...", the option attached.
+    with pytest.raises(batchtune.Error) as e:
+        batchtune._core.make_plan(8, amp="fp8")
+    assert _one_line(e) == "amp: unknown mixed precision 'fp8'; use off, bf16, fp16 or auto"
+    assert e.value.option == "amp"
+
+
 @pytest.mark.parametrize("device,match", [
     ("gpu", "device: 'gpu' is not a device; use cpu, cuda or cuda:N"),
     ("", "device: '' is not a device; use cpu, cuda or cuda:N"),

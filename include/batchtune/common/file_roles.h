@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/common/option.h"
+
 namespace batchtune {
 
 /// What a command does with a path a flag gave it.
@@ -38,7 +40,8 @@ void check_file_roles(const std::vector<FileRole>& roles);
 
 /// Checks that `path` is a readable regular file (after following links)
 /// before it is opened: a FIFO would block the open, a folder or device is
-/// not what the flag takes. Throws `batchtune::Error` starting with `flag`.
-void check_input_file(const std::string& path, const std::string& flag);
+/// not what the option takes. Throws `OptionError` about `option` and `path`
+/// ("--plan p.json: is a folder; give a file").
+void check_input_file(const std::string& path, Option option);
 
 }  // namespace batchtune

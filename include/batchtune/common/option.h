@@ -37,7 +37,42 @@ enum class Option {
   kDevice,  ///< the device trained and measured on ("cpu", "cuda:1")
   kSteps,   ///< a probe's timed steps
   kData,    ///< the training data (`TuneOptions::data`; Python's tune makes its own batches)
-  kLast = kData,  ///< the last: `kOptionCount` counts up to it
+  // The workload: what the CLI builds and Python is handed (its own model,
+  // optimizer, loss_fn and make_batch).
+  kModel,      ///< the model (a built-in name or a TorchScript file)
+  kOptimizer,  ///< the optimizer (sgd, adam, adamw)
+  kLoss,       ///< the loss (ce, mse, model); Python's loss_fn
+  kInput,      ///< the input's shape and type; Python's make_batch makes them
+  kInputSpec,  ///< a file of inputs and target as JSON
+  kVocab,      ///< the vocabulary of token-id inputs
+  kClasses,    ///< the class count of class targets
+  kTarget,     ///< the target's kind (class, token, float:SHAPE, none)
+  kLayers,     ///< the built-in gpt's layers
+  kHeads,      ///< the built-in gpt's attention heads
+  kWidth,      ///< the built-in gpt's width
+  // The launcher (`batchtune launch`): Python runs under torchrun.
+  kNproc,     ///< processes on this host
+  kNnodes,    ///< hosts
+  kNodeRank,  ///< this host's rank
+  kMaster,    ///< node 0's ADDR:PORT
+  // Training.
+  kPlan,              ///< the plan trained by (Python's Trainer takes it as `plan`)
+  kEpochs,            ///< epochs to train
+  kSeed,              ///< the seed of the data's order and the model's initial weights
+  kLogEvery,          ///< steps between log lines
+  kCheckpoint,        ///< the checkpoint folder
+  kCheckpointEvery,   ///< steps between checkpoints
+  kResume,            ///< resume from the checkpoint folder
+  kEvalEvery,         ///< steps between evaluations
+  kEvalEverySamples,  ///< samples between evaluations
+  kTargetAccuracy,    ///< the test accuracy that ends a run
+  kTargetTokens,      ///< the tokens a step trains on, by a token budget
+  kTargetLoss,        ///< the loss that ends a run
+  kAdapt,             ///< the global batch follows the gradient noise scale
+  kAdaptEvery,        ///< steps between adapt's decisions
+  kAdaptMaxBatch,     ///< the largest global batch adapt may reach
+  kNoiseScale,        ///< the gradient noise scale's measurement (`--no-noise-scale`)
+  kLast = kNoiseScale,  ///< the last: `kOptionCount` counts up to it
 };
 
 /// How many `Option`s there are (their values run from 0 to this, less one).
@@ -97,14 +132,20 @@ class OptionError : public Error {
  public:
   /// `detail`: what is wrong and how to fix it, other options in it as `mention`s.
   OptionError(Option option, std::string detail);
+  /// The same about the `value` given to `option`, shown after its name:
+  /// "--model net.pt: no such file ..." (Python: "model net.pt: ...").
+  OptionError(Option option, std::string value, std::string detail);
 
   Option option() const { return option_; }
+  /// The value given to the option that the message is about, or "" when it names none.
+  const std::string& value() const { return value_; }
   const std::string& detail() const { return detail_; }
-  /// "<option>: <detail>", every option named as `front_end` names it.
+  /// "<option>[ <value>]: <detail>", every option named as `front_end` names it.
   std::string message(FrontEnd front_end) const;
 
  private:
   Option option_;
+  std::string value_;
   std::string detail_;
 };
 

@@ -12,7 +12,11 @@ enum class AmpMode { kOff, kBf16, kFp16, kAuto };
 
 /// `off`, `bf16`, `fp16`, `auto`.
 std::string amp_name(AmpMode mode);
-/// Parses `off|bf16|fp16|auto`; throws `batchtune::Error` naming `what`.
-AmpMode parse_amp(const std::string& text, const std::string& what = "--amp");
+/// Parses `off|bf16|fp16|auto`, the value of `Option::kAmp`; throws
+/// `OptionError` about it.
+AmpMode parse_amp(const std::string& text);
+/// The same for a value that no option gave (a checkpoint's record); throws
+/// `batchtune::Error` naming `what`.
+AmpMode parse_amp(const std::string& text, const std::string& what);
 
 }  // namespace batchtune

@@ -232,8 +232,9 @@ constexpr double kPlanMemoryTolerance = 0.05;
 
 /// Refuses (`batchtune::Error` naming `source` and the field) a plan made for
 /// another workload than `current`: model, input, optimizer, device or
-/// memory limit. Fields either side did not record are not compared.
+/// memory limit, the fix naming options as `front_end` does. Fields either
+/// side did not record are not compared.
 void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& current,
-                         const std::string& source);
+                         const std::string& source, FrontEnd front_end);
 
 }  // namespace batchtune
