@@ -41,6 +41,31 @@ TEST(BatchAdapter, AWindowTimesItsBatchUnlessAnOutOfMemoryChangedTheMicroBatchIn
   EXPECT_FALSE(adapter.decide(50, 128, noise).has_value()) << "no measurement yet";
 }
 
+TEST(BatchAdapter, AWindowAfterTheStartOrAChangeTimesItsStepsOnceTheFirstSettled) {
+  // Every 50 steps: the first 5 after the start or a change are not timed.
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  ASSERT_EQ(adapter.options().every() / kAdaptSettleShare, 5);
+  for (int step = 1; step < 5; ++step) EXPECT_FALSE(adapter.settles()) << step;
+  EXPECT_TRUE(adapter.settles());
+  adapter.start_timing(3.0, 320);  // 5 slow steps: 3 s for 320 samples
+  for (int step = 6; step <= 50; ++step) EXPECT_FALSE(adapter.settles()) << step;
+  adapter.end_window(64, 3.9, 3200);  // 45 steps in 0.9 s
+  EXPECT_DOUBLE_EQ(adapter.speed(64).value_or(0), 2880 / 0.9);
+  // A window without a change times all its steps.
+  adapter.end_window(64, 4.9, 6400);
+  EXPECT_DOUBLE_EQ(adapter.speed(64).value_or(0), (2880 + 3200) / 1.9);
+  // A change settles again, as does a window restarted where it took effect.
+  ASSERT_TRUE(adapter.decide(100, 64, 1000.0, 10));
+  for (int step = 1; step < 5; ++step) EXPECT_FALSE(adapter.settles()) << step;
+  EXPECT_TRUE(adapter.settles());
+  adapter.restart_window(6.0, 7000);
+  for (int step = 1; step < 5; ++step) EXPECT_FALSE(adapter.settles()) << step;
+  EXPECT_TRUE(adapter.settles());
+  // A window shorter than ten steps has nothing to settle.
+  BatchAdapter every_step(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().every(9));
+  EXPECT_FALSE(every_step.settles());
+}
+
 TEST(BatchAdapter, WaitsForEnoughNoiseMeasurements) {
   BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
   run_at(adapter, 64, 1000);

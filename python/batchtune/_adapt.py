@@ -83,8 +83,14 @@ class Adaptation:
             self.noise.add(small, small_sq / scale ** 2, big, big_sq / scale ** 2)
         self._pending = []
 
-    def trained(self, samples: int) -> None:
+    def trained(self, samples: int, device: Optional[torch.device] = None) -> None:
+        """Counts a step's samples (all ranks'); once the first steps after
+        the start or a change settled, the window times from here."""
         self._samples += samples
+        if self.adapter.settles():
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.adapter.start_timing(self.clock(), self._samples)
 
     # -- deciding ----------------------------------------------------------
 

@@ -217,7 +217,7 @@ class Trainer:
 
     def _adapt_batch(self, n: int) -> None:
         """Counts the step's samples and, every `adapt_every` steps, decides."""
-        self._adapt.trained(n * _distributed.world_size(self.group))
+        self._adapt.trained(n * _distributed.world_size(self.group), self.device)
         if self.steps_done % self._adapt.every != 0:
             return
         change = self._adapt.decide(self.steps_done, self.plan, self.device)

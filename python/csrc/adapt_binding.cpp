@@ -116,6 +116,8 @@ void bind_adapt(py::module_& m) {
            py::arg("samples"))
       .def("restart_window", &BatchAdapter::restart_window, py::arg("seconds"),
            py::arg("samples"))
+      .def("settles", &BatchAdapter::settles)
+      .def("start_timing", &BatchAdapter::start_timing, py::arg("seconds"), py::arg("samples"))
       .def("speed", &BatchAdapter::speed)
       .def("cap_micro_batch", &BatchAdapter::cap_micro_batch)
       .def("split", &BatchAdapter::split)

@@ -74,6 +74,7 @@ BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling
                       fmt::format("{} is below the starting global batch {}; give at least that",
                                   max_global_, base_batch_));
   }
+  settle_left_ = options_.every() / kAdaptSettleShare;  // the start's first steps
 }
 
 void BatchAdapter::observe(int64_t global_batch, double seconds, int64_t samples) {
@@ -85,13 +86,24 @@ void BatchAdapter::observe(int64_t global_batch, double seconds, int64_t samples
 
 void BatchAdapter::end_window(int64_t global_batch, double seconds, int64_t samples) {
   if (window_clean_) observe(global_batch, seconds - window_seconds_, samples - window_samples_);
-  restart_window(seconds, samples);
+  start_timing(seconds, samples);
+  window_clean_ = true;
 }
 
 void BatchAdapter::restart_window(double seconds, int64_t samples) {
+  start_timing(seconds, samples);
+  window_clean_ = true;
+  settle_left_ = options_.every() / kAdaptSettleShare;
+}
+
+bool BatchAdapter::settles() {
+  return settle_left_ > 0 && --settle_left_ == 0;
+}
+
+void BatchAdapter::start_timing(double seconds, int64_t samples) {
   window_seconds_ = seconds;
   window_samples_ = samples;
-  window_clean_ = true;
+  settle_left_ = 0;
 }
 
 std::optional<double> BatchAdapter::speed(int64_t global_batch) const {
@@ -152,6 +164,17 @@ std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_bat
 }
 
 std::optional<BatchChange> BatchAdapter::decide(int64_t step, int64_t global_batch,
+                                                std::optional<double> noise_scale,
+                                                int64_t measurements,
+                                                std::optional<NoiseInterval> interval) {
+  std::optional<BatchChange> change =
+      choose(step, global_batch, noise_scale, measurements, interval);
+  // The new batch's first steps settle before its window times them.
+  if (change) settle_left_ = options_.every() / kAdaptSettleShare;
+  return change;
+}
+
+std::optional<BatchChange> BatchAdapter::choose(int64_t step, int64_t global_batch,
                                                 std::optional<double> noise_scale,
                                                 int64_t measurements,
                                                 std::optional<NoiseInterval> interval) {

@@ -19,6 +19,7 @@
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
+#include "run_options.h"
 
 namespace batchtune {
 namespace {
@@ -119,10 +120,7 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     throw OptionError(Option::kPlan, "training by tokens needs a plan with a token_budget (tune "
                                      "with " + mention(Option::kInput) + " int64:MIN..MAX)");
   }
-  if (options.epochs() < 1 && options.steps() < 1) {
-    throw OptionError(Option::kEpochs,
-                      "give at least 1 epoch, or at least 1 step with " + mention(Option::kSteps));
-  }
+  check_run_options(options);
   if (options.target_tokens() < 0) {
     throw OptionError(Option::kTargetTokens,
                       fmt::format("must be at least 1, got {}", options.target_tokens()));
@@ -158,11 +156,6 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     if (fixed_) {
       throw OptionError(Option::kAdapt, "moves the tokens per step of a token budget; leave out " +
                                             mention(Option::kBatchSize));
-    }
-    if (!options.measure_noise_scale()) {
-      throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +
-                                            mention(Option::kNoiseScale) +
-                                            " turns off; drop one of them");
     }
     AdaptOptions adapt = options.adapt_options();
     adapt.unit("tokens");
@@ -410,6 +403,11 @@ TrainSummary TokenRun::run() {
         steps_since_log_ = 0;
       }
       if (options_.target_loss() && reached_target(summary_.final_loss)) break;
+      // An --adapt window times its steps once the first after a change settled.
+      if (adapter_ && adapter_->settles()) {
+        memory_.synchronize();
+        adapter_->start_timing(clock_.now_s() - start_s_, summary_.tokens);
+      }
       if (adapter_ && summary_.steps % adapter_->options().every() == 0) adapt();
     }
     // Whole epochs, and the share of the last one that ran.

@@ -23,6 +23,7 @@
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
+#include "run_options.h"
 
 namespace batchtune {
 namespace {
@@ -65,48 +66,7 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
   }
   // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
   check_amp_device(plan_.amp, memory.device(), "a plan's \"amp\" (or --amp)");
-  if (options_.epochs() < 0 || options_.steps() < 0 || (options_.epochs() == 0 && options_.steps() == 0)) {
-    throw OptionError(Option::kEpochs,
-                      fmt::format("need a positive number of epochs or {}, got {} and {}",
-                                  mention(Option::kSteps), options_.epochs(), options_.steps()));
-  }
-  if (options_.log_every() < 0) {
-    throw OptionError(Option::kLogEvery,
-                      fmt::format("must be 0 (none) or more, got {}", options_.log_every()));
-  }
-  if (options_.checkpoint_every() < 0) {
-    throw OptionError(Option::kCheckpointEvery,
-                      fmt::format("must be 0 (at the end only) or more, got {}",
-                                  options_.checkpoint_every()));
-  }
-  if (options_.eval_every_samples() < 0) {
-    throw OptionError(Option::kEvalEverySamples,
-                      fmt::format("must be 0 (epoch ends only) or more, got {}",
-                                  options_.eval_every_samples()));
-  }
-  if (options_.eval_every_samples() > 0 && options_.eval_every() > 0) {
-    throw OptionError(Option::kEvalEverySamples,
-                      "give it or " + mention(Option::kEvalEvery) + ", not both");
-  }
-  if (options_.eval_every() < 0) {
-    throw OptionError(Option::kEvalEvery, fmt::format("must be 0 (epoch ends only) or more, got {}",
-                                                      options_.eval_every()));
-  }
-  if (const auto& target = options_.target_accuracy()) {
-    if (!(*target > 0 && *target <= 1)) {
-      throw OptionError(Option::kTargetAccuracy,
-                        fmt::format("must be a fraction in (0, 1], like 0.85; got {}", *target));
-    }
-    if (test_ == nullptr) {
-      throw OptionError(Option::kTargetAccuracy,
-                        "needs a test split to evaluate on (" + mention(Option::kData) +
-                            " fashion-mnist, or an image folder with a test/ sub-folder)");
-    }
-  }
-  if (options_.resume() && options_.checkpoint_dir().empty()) {
-    throw OptionError(Option::kResume,
-                      "needs " + mention(Option::kCheckpoint) + " DIR to resume from");
-  }
+  check_train_options(options_, test_ != nullptr);
   if (steps_per_epoch() == 0) {
     throw OptionError(Option::kTargetBatch,
                       fmt::format("the global batch {} is larger than the {} training samples; "
@@ -114,11 +74,6 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                                   plan_.global_batch_size, train_.size()));
   }
   if (options_.adapt()) {
-    if (!options_.measure_noise_scale()) {
-      throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +
-                                            mention(Option::kNoiseScale) +
-                                            " turns off; drop one of them");
-    }
     AdaptOptions adapt = options_.adapt_options();
     if (adapt.max_global_batch() > train_.size()) {
       throw OptionError(Option::kAdaptMaxBatch,
@@ -359,6 +314,11 @@ TrainSummary Trainer::run() {
     // No synchronisation per step: the device keeps its queue. The clock is
     // settled (device work waited for) wherever time is read.
     train_seconds_ += clock_->now_s() - start;
+    // An --adapt window times its steps once the first after a change settled.
+    if (adapter_ && adapter_->settles()) {
+      settle_clock();
+      adapter_->start_timing(train_seconds_, run_samples_);
+    }
 
     // --adapt decides before the epoch's end is read: a larger batch that
     // no longer fits in what is left of the epoch starts the next one.

@@ -32,6 +32,11 @@ constexpr int64_t kAdaptMinMeasurements = 4;
 /// one after a change: a jump would hit Adam's moments, gathered at the old
 /// scale, all at once.
 constexpr int64_t kAdaptLrRampSteps = 20;
+/// A window after the start or a change times its steps from this share of
+/// it on (a tenth: 5 of 50 steps): the first steps at a new batch shape pay
+/// for new kernels and allocations that the steps after them do not, and
+/// would make the new batch look slower than it runs.
+constexpr int64_t kAdaptSettleShare = 10;
 /// Under data parallelism without accumulation, `--adapt` splits one step in
 /// this many to measure the noise scale (besides the ranks' own pair); a
 /// single process measures every step against the previous one instead
@@ -125,8 +130,17 @@ class BatchAdapter {
   /// previous end is observed at `global_batch`, unless it was spoiled.
   void end_window(int64_t global_batch, double seconds, int64_t samples);
   /// The next window times from these totals: a change took effect later
-  /// than decided (a loader that asks ahead), or a run resumed.
+  /// than decided (a loader that asks ahead), or a run resumed. Its first
+  /// steps settle (`settles`).
   void restart_window(double seconds, int64_t samples);
+  /// Counts one optimizer step; true at the step that ends the settling of
+  /// a window after the start or a change (`kAdaptSettleShare`): the caller
+  /// then passes its totals to `start_timing` (on a GPU, with the device's
+  /// work waited for), so that the window times its steps from there.
+  bool settles();
+  /// The window under way times from these totals (`seconds` of training
+  /// time, `samples` or tokens trained), its settling over.
+  void start_timing(double seconds, int64_t samples);
   /// Samples per second measured at `global_batch`; nullopt when never run.
   std::optional<double> speed(int64_t global_batch) const;
   /// The micro-batch per rank that fits at most (an out-of-memory said so);
@@ -146,6 +160,7 @@ class BatchAdapter {
   /// measurements; no change before `min_measurements`. With `interval`
   /// (how sure the estimate is), a larger batch is judged at its low end and
   /// a smaller one at its high end: an uncertain estimate keeps the batch.
+  /// A change's first steps settle (`settles`) before its window times them.
   std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
                                     std::optional<double> noise_scale, int64_t measurements,
                                     std::optional<NoiseInterval> interval = std::nullopt);
@@ -162,6 +177,10 @@ class BatchAdapter {
     double seconds = 0;
     int64_t samples = 0;
   };
+  /// `decide` without the settling: the policy alone.
+  std::optional<BatchChange> choose(int64_t step, int64_t global_batch,
+                                    std::optional<double> noise_scale, int64_t measurements,
+                                    std::optional<NoiseInterval> interval);
   double goodput(int64_t global_batch, double noise_scale, double samples_per_s) const;
   BatchChange change_to(int64_t step, int64_t global_batch, double noise_scale,
                         std::string reason) const;
@@ -180,6 +199,8 @@ class BatchAdapter {
   double window_seconds_ = 0;
   int64_t window_samples_ = 0;
   bool window_clean_ = true;
+  /// Steps until the window under way starts timing (0: it is timing).
+  int64_t settle_left_ = 0;
 };
 
 }  // namespace batchtune
