@@ -33,7 +33,8 @@ if _os.environ.get("BATCHTUNE_CORE_DIR"):
 from . import _core
 from ._core import Error
 from ._memory import emulated_memory
-from ._tune import ProbeResult, SweepRow, TuneResult, env, probe, tune
+from ._results import ProbeResult, SweepRow, TuneResult
+from ._tune import env, probe, tune
 from .plan import Plan
 from ._adapt import AdaptiveBatchSampler
 from .trainer import Trainer

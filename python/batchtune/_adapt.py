@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-from . import _core, _distributed
+from . import _checks, _core, _distributed
 
 
 def loss_scale_of(scaler: Optional[Any]) -> Optional[torch.Tensor]:
@@ -18,20 +18,25 @@ def loss_scale_of(scaler: Optional[Any]) -> Optional[torch.Tensor]:
     return getattr(scaler, "_scale", None) if scaler is not None else None
 
 
+def check_arguments(every: Any, max_global_batch: Any) -> None:
+    """`adapt_every` and `adapt_max_batch` of a `Trainer` or the Lightning
+    callback, before anything runs: whole numbers (a `TypeError` otherwise),
+    in the policy's own range (`check_adapt_options`); None or 0 for the
+    largest batch is the default."""
+    _checks.whole("adapt_every", every)
+    if max_global_batch is not None:
+        _checks.whole("adapt_max_batch", max_global_batch)
+    _core.check_adapt_options(every, max_global_batch or 0)
+
+
 class Adaptation:
     """What a `Trainer` with `adapt=True` keeps: the policy, the noise
     estimate, the schedule of changes and the lr ramp after one."""
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
                  clock: Callable[[], float], group: Optional[Any]):
-        for name, value in (("adapt_every", every), ("adapt_max_batch", max_global_batch or 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
-                    name == "adapt_every" and value < 1):
-                raise _core.Error(f"{name}: give a whole number of "
-                                  f"{'steps, at least 1' if name == 'adapt_every' else 'samples'}, "
-                                  f"got {value!r}")
-        # The policy checks the values against the plan (an adapt_max_batch
-        # below its global batch), naming them as Python does.
+        check_arguments(every, max_global_batch)
+        # The policy checks adapt_max_batch against the plan's global batch.
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
                                           plan.world_size, every, max_global_batch or 0)
         self.noise = _core.NoiseScaleEstimator()

@@ -15,7 +15,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from . import _core
 from ._lightning_plan import trainer_amp
 from ._samples import HeaviestFirst
-from ._tune import TuneResult, tune
+from ._results import TuneResult
+from ._tune import tune
 from .plan import Plan, reference_lr
 
 

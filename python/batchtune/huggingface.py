@@ -42,7 +42,8 @@ import torch
 from . import _core
 from ._fit import missing
 from ._samples import HeaviestFirst
-from ._tune import TuneResult, tune
+from ._results import TuneResult
+from ._tune import tune
 
 try:
     import transformers

@@ -26,9 +26,10 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import _checks, _core
+from ._adapt import check_arguments
 from ._fit import missing
 from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
-from ._tune import TuneResult
+from ._results import TuneResult
 from .plan import Plan
 
 try:
@@ -121,13 +122,8 @@ class BatchTune(Callback):
         super().__init__()
         if not isinstance(adapt, bool):
             raise _core.Error(f"adapt: give True or False, got {adapt!r}")
-        for name, value, least in (("adapt_every", adapt_every, 1),
-                                   ("adapt_max_batch", adapt_max_batch, 1),
-                                   ("adapt_seed", adapt_seed, 0)):
-            if value is None and name == "adapt_max_batch":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise _core.Error(f"{name}: give a whole number of at least {least}, got {value!r}")
+        check_arguments(adapt_every, adapt_max_batch)
+        _checks.integer("adapt_seed", adapt_seed, 0)
         if adapt and not scale_lr:
             raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False turns off; "
                               "drop one of them")

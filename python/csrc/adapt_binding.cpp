@@ -101,6 +101,13 @@ void bind_adapt(py::module_& m) {
            },
            py::arg("state"))
       .def_property_readonly("holding", &SuccessiveGradients::holding);
+  m.def(
+      "check_adapt_options",
+      [](int64_t every, int64_t max_global_batch) {
+        check_adapt_options(AdaptOptions().every(every).max_global_batch(max_global_batch));
+      },
+      py::arg("every"), py::arg("max_global_batch"),
+      "Refuses adapt_every below 1 or a negative adapt_max_batch (0: the default).");
   py::class_<BatchAdapter>(m, "BatchAdapter", "The policy of `train --adapt` (see batch_adapter.h).")
       .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
                        int64_t world_size, int64_t every, int64_t max_global_batch) {

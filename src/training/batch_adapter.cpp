@@ -44,6 +44,18 @@ void LrRamp::restart(int64_t step, double lr_before) {
   start = step;
 }
 
+void check_adapt_options(const AdaptOptions& options) {
+  if (options.every() < 1) {
+    throw OptionError(Option::kAdaptEvery,
+                      fmt::format("must be at least 1 step, got {}", options.every()));
+  }
+  if (options.max_global_batch() < 0) {
+    throw OptionError(Option::kAdaptMaxBatch,
+                      fmt::format("must be 0 (for {} x the starting batch) or more, got {}",
+                                  kDefaultAdaptGrowth, options.max_global_batch()));
+  }
+}
+
 BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling,
                            int64_t world_size, AdaptOptions options)
     : base_batch_(base_batch),
@@ -57,15 +69,7 @@ BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling
                                   "of the world size {}",
                                   base_batch_, world_size_));
   }
-  if (options_.every() < 1) {
-    throw OptionError(Option::kAdaptEvery,
-                      fmt::format("must be at least 1 step, got {}", options_.every()));
-  }
-  if (options_.max_global_batch() < 0) {
-    throw OptionError(Option::kAdaptMaxBatch,
-                      fmt::format("must be 0 (for {} x the starting batch) or more, got {}",
-                                  kDefaultAdaptGrowth, options_.max_global_batch()));
-  }
+  check_adapt_options(options_);
   max_global_ = options_.max_global_batch() > 0
                     ? options_.max_global_batch()
                     : checked_product(base_batch_, kDefaultAdaptGrowth).value_or(kMaxPlanCount);

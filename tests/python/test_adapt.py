@@ -159,8 +159,10 @@ def test_a_resume_continues_the_same_schedule_and_weights():
 def test_bad_adapt_arguments_are_refused_naming_them():
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with pytest.raises(batchtune.Error, match="^adapt_every:"):
+    with pytest.raises(batchtune.Error, match="^adapt_every: must be at least 1 step, got 0$"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_every=0)
+    with pytest.raises(TypeError, match="^adapt_every: must be a whole number"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_every=2.5)
     with pytest.raises(batchtune.Error, match="^adapt_max_batch:"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_max_batch=8)
     with pytest.raises(batchtune.Error, match="^adapt:"):

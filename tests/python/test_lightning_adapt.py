@@ -243,10 +243,15 @@ def test_a_resume_from_a_lightning_checkpoint_continues_the_same_schedule(tmp_pa
 
 
 def test_bad_adapt_arguments_are_refused_naming_them():
-    with pytest.raises(batchtune.Error, match="^adapt_every: give a whole number of at least 1"):
+    # The same words as Trainer(adapt=True) and the policy's own check.
+    with pytest.raises(batchtune.Error, match="^adapt_every: must be at least 1 step, got 0$"):
         BatchTune(adapt=True, adapt_every=0)
-    with pytest.raises(batchtune.Error, match="^adapt_max_batch:"):
+    with pytest.raises(TypeError, match="^adapt_max_batch: must be a whole number"):
         BatchTune(adapt=True, adapt_max_batch=1.5)
+    with pytest.raises(batchtune.Error, match="^adapt_max_batch: must be 0 .* or more, got -4$"):
+        BatchTune(adapt=True, adapt_max_batch=-4)
+    with pytest.raises(batchtune.Error, match="^adapt_seed: must be at least 0, got -1$"):
+        BatchTune(adapt=True, adapt_seed=-1)
     with pytest.raises(batchtune.Error, match="^adapt: moves the lr"):
         BatchTune(adapt=True, scale_lr=False)
     tuner = BatchTune(memory_limit=LIMIT, adapt=True)

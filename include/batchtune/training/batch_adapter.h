@@ -58,6 +58,12 @@ struct AdaptOptions {
   TORCH_ARG(std::string, unit) = "samples";
 };
 
+/// Checks `options` on their own (the steps between decisions, the largest
+/// global batch), as `BatchAdapter` does before it compares them with the
+/// batch it starts from: a front end can refuse them before a tune runs.
+/// Throws an `OptionError` naming the option.
+void check_adapt_options(const AdaptOptions& options);
+
 /// The lr after a change: from the lr in force to the new one, linearly
 /// over `kAdaptLrRampSteps` optimizer steps.
 struct LrRamp {
