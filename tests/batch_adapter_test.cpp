@@ -237,6 +237,12 @@ TEST(BatchAdapter, BadOptionsAreRefusedNamingTheFlag) {
             }).rfind("--adapt-max-batch:", 0),
             0u);
   EXPECT_EQ(message([] { BatchAdapter(63, 1e-3, LrScaling::kSqrt, 2); }).rfind("--adapt:", 0), 0u);
+  // The options on their own, before any batch is known (a front end's early check).
+  EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().max_global_batch(-1)); }),
+            "--adapt-max-batch: must be 0 (for 32 x the starting batch) or more, got -1");
+  EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().every(0)); }),
+            "--adapt-every: must be at least 1 step, got 0");
+  EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().every(1).max_global_batch(0)); }), "");
 }
 
 TEST(BatchChange, RoundTripsThroughJson) {
