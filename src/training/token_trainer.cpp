@@ -20,79 +20,9 @@
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 #include "run_options.h"
+#include "token_run.h"
 
 namespace batchtune {
-namespace {
-
-/// One token-budget run: the epochs' micro-batches grouped into optimizer
-/// steps by their real tokens, trained with out-of-memory recovery, and
-/// (`--adapt`) the tokens per step moved by goodput.
-class TokenRun {
- public:
-  TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan, const TextDataset& data,
-           const TokenTrainOptions& options, const TrainCallback& callback,
-           const std::function<void(int64_t)>& before_step);
-  TrainSummary run();
-
- private:
-  /// The micro-batches of the next optimizer step, from `micro_[next_]` on.
-  std::vector<TokenBatch> next_group();
-  /// Trains `group` (retried in smaller micro-batches on an out-of-memory);
-  /// returns its loss.
-  at::Tensor train_group(std::vector<TokenBatch>& group, int64_t group_tokens);
-  /// After an out-of-memory: half the budget, or an error when a single
-  /// sample did not fit.
-  void shrink_budget(const c10::Error& e, int64_t group_tokens);
-  /// `--adapt`: times the window since the last decision and decides.
-  void adapt();
-  /// The budget micro-batches are filled to for `target` real tokens a step.
-  int64_t budget_for(int64_t target) const {
-    return std::min(cap_, std::max(longest_, target));
-  }
-  /// A log event after the step that trained `group`.
-  void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
-  /// True when the moving mean loss reached `--target-loss`.
-  bool reached_target(double loss);
-  void emit(TrainEvent event) const {
-    if (callback_) callback_(event);
-  }
-
-  Workload& workload_;
-  DeviceMemory& memory_;
-  const Plan& plan_;
-  const TextDataset& data_;
-  const TokenTrainOptions& options_;
-  const TrainCallback& callback_;
-  const std::function<void(int64_t)>& before_step_;
-  const Clock& clock_;
-  const bool fixed_;
-  const std::vector<int64_t>& lengths_;
-  const int64_t longest_;  // the longest sample the data may hold
-  int64_t pad_to_ = 0;
-  /// The most padded tokens a micro-batch may hold (halved by an
-  /// out-of-memory), and the budget micro-batches are filled to.
-  int64_t cap_ = 0;
-  int64_t budget_ = 0;
-  /// Real tokens an optimizer step gathers (0: `group_size_` micro-batches).
-  int64_t target_tokens_ = 0;
-  int64_t group_size_ = 0;
-  std::optional<LengthBucketSampler> sampler_;
-  TrainingStep step_;
-  TrainSummary summary_;
-  int64_t epoch_ = 0;
-  std::vector<TokenBatch> micro_;  // this epoch's micro-batches
-  size_t next_ = 0;
-  int64_t epoch_samples_ = 0;
-  double start_s_ = 0;
-  double loss_since_log_ = 0;
-  int64_t steps_since_log_ = 0;
-  std::deque<double> window_;  // the last `loss_window` steps' losses
-  double window_sum_ = 0;
-  // --adapt: the policy (which times its windows), the lr and its ramp.
-  std::optional<BatchAdapter> adapter_;
-  double lr_ = 0;
-  LrRamp ramp_;
-};
 
 TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
                    const TextDataset& data, const TokenTrainOptions& options,
@@ -310,60 +240,6 @@ void TokenRun::adapt() {
   emit(event);
 }
 
-void TokenRun::log(double loss_mean, double lr, const std::vector<TokenBatch>& group) {
-  TrainEvent event;
-  event.kind = TrainEvent::Kind::kLog;
-  event.step = summary_.steps;
-  event.total_steps = options_.steps();
-  event.epoch = epoch_;
-  event.loss = loss_mean;
-  event.lr = lr;
-  const double seconds = clock_.now_s() - start_s_;
-  event.samples_per_s = seconds > 0 ? static_cast<double>(summary_.samples) / seconds : 0;
-  event.memory_used_bytes = memory_.live_bytes();
-  event.memory_peak_bytes = memory_.peak_bytes();
-  event.memory_capacity_bytes = memory_.capacity_bytes();
-  event.noise_scale = step_.noise_scale().noise_scale();
-  // The step's micro-batches, and the largest in padded tokens.
-  event.accumulation_steps = static_cast<int64_t>(group.size());
-  for (const auto& b : group) {
-    event.micro_batch_size = std::max(
-        event.micro_batch_size,
-        fixed_ ? static_cast<int64_t>(b.indices.size()) * pad_to_ : b.padded_tokens);
-  }
-  event.message = fmt::format("{:.0f} tokens/s, token budget {}",
-                              seconds > 0 ? static_cast<double>(summary_.tokens) / seconds : 0,
-                              budget_);
-  emit(event);
-}
-
-bool TokenRun::reached_target(double loss) {
-  const double target = *options_.target_loss();
-  window_.push_back(loss);
-  window_sum_ += loss;
-  if (static_cast<int64_t>(window_.size()) > options_.loss_window()) {
-    window_sum_ -= window_.front();
-    window_.pop_front();
-  }
-  const double mean = window_sum_ / static_cast<double>(window_.size());
-  if (static_cast<int64_t>(window_.size()) < options_.loss_window() || mean > target) return false;
-  summary_.target_reached = true;
-  summary_.steps_to_target = summary_.steps;
-  summary_.seconds_to_target = clock_.now_s() - start_s_;
-  summary_.samples_to_target = summary_.samples;
-  TrainEvent event;
-  event.kind = TrainEvent::Kind::kTargetReached;
-  event.step = summary_.steps;
-  event.epoch = epoch_;
-  event.loss = mean;
-  event.message = fmt::format(
-      "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} after {:.1f} "
-      "s: stopping",
-      mean, options_.loss_window(), target, summary_.steps, *summary_.seconds_to_target);
-  emit(event);
-  return true;
-}
-
 TrainSummary TokenRun::run() {
   start_s_ = clock_.now_s();
   const int64_t epochs =
@@ -430,8 +306,6 @@ TrainSummary TokenRun::run() {
   s.noise_scale = step_.noise_scale().noise_scale();
   return s;
 }
-
-}  // namespace
 
 TrainSummary train_by_tokens(Workload& workload, DeviceMemory& memory, const Plan& plan,
                              const TextDataset& data, const TokenTrainOptions& options,

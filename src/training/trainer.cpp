@@ -197,45 +197,8 @@ void Trainer::train_step(const Batch& batch) {
 TrainSummary Trainer::run() {
   total_steps_ = planned_steps();
   if (options_.resume()) {
-    const std::optional<TrainSummary> finished = load_checkpoint();
-    // A run that stopped at its target is finished too.
-    const bool at_target = finished && finished->target_reached;
-    if (loaded_ && (step_ >= total_steps_ || at_target)) {
-      // Nothing left to train: a finished run's summary as it was, never a
-      // summary of zero steps over it.
-      if (!finished) {
-        throw OptionError(Option::kResume,
-                          fmt::format("{}/{} is at step {}, past the {} steps of this run; ask "
-                                      "for more {} or {}",
-                                      options_.checkpoint_dir(), kCheckpointFile, step_,
-                                      total_steps_, mention(Option::kSteps),
-                                      mention(Option::kEpochs)));
-      }
-      emit(TrainEvent::Kind::kResumed,
-           fmt::format("the run in {} is already finished (step {} of {}{}): nothing to "
-                       "train; its summary follows",
-                       options_.checkpoint_dir(), step_, total_steps_,
-                       at_target ? ", stopped at its target" : ""));
-      // Exports a kill cut short before the last checkpoint are made again
-      // from the weights it holds.
-      if (data_parallel_.rank() == 0) write_model_exports(options_.checkpoint_dir(), workload_.model());
-      TrainSummary s = *finished;
-      s.already_finished = true;
-      return s;
-    }
-    if (!loaded_) {
-      emit(TrainEvent::Kind::kResumed,
-           fmt::format("no checkpoint in {} yet: --resume starts the run afresh",
-                       options_.checkpoint_dir()));
-    }
-    if (loaded_) {
-      total_steps_ = planned_steps();  // the changes it replayed
-      resumed_from_step_ = step_;
-      emit(TrainEvent::Kind::kResumed,
-           fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
-                       options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
-                       batch_in_epoch_));
-    }
+    // A finished run's summary as it was: nothing left to train.
+    if (std::optional<TrainSummary> finished = resume()) return *finished;
   }
   if (plan_.world_size != data_parallel_.world_size()) {
     throw OptionError(Option::kPlan,
@@ -387,46 +350,7 @@ TrainSummary Trainer::run() {
     const auto& target = options_.target_accuracy();
     if (target && *test_accuracy_ >= *target) reached_ = Reached{step_, train_seconds_, samples_};
   }
-  TrainSummary s;
-  s.steps = step_;
-  s.samples = samples_;
-  if (adapter_) {
-    const SamplePosition at = cursor_.at(step_);
-    s.epochs = static_cast<double>(at.epoch) +
-               static_cast<double>(at.offset) / static_cast<double>(train_.size());
-  } else {
-    s.epochs = static_cast<double>(step_) / static_cast<double>(steps_per_epoch());
-  }
-  s.final_loss = last_loss_;
-  s.test_accuracy = test_ != nullptr ? test_accuracy_ : std::nullopt;
-  s.oom_recoveries = oom_recoveries_;
-  s.micro_batch_size = plan_.micro_batch_size;
-  s.accumulation_steps = plan_.accumulation_steps;
-  s.global_batch_size = plan_.global_batch_size;
-  s.world_size = plan_.world_size;
-  s.skipped_steps = training_step_.scaler().skipped_steps();
-  if (training_step_.scaler().enabled()) s.loss_scale = training_step_.scaler().current_scale();
-  s.seconds = train_seconds_;
-  s.samples_per_s =
-      train_seconds_ > 0 ? static_cast<double>(run_samples_) / train_seconds_ : 0;
-  s.resumed_from_step = resumed_from_step_;
-  s.complete = complete;
-  s.time_limit_reached = time_limit_reached;
-  if (!complete) {
-    s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
-  }
-  s.noise_scale = training_step_.noise_scale().noise_scale();
-  s.batch_schedule = schedule_;
-  s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
-  if (options_.target_accuracy()) {
-    s.target = TrainTarget{"test_accuracy", *options_.target_accuracy()};
-    s.target_reached = reached_.has_value();
-    if (reached_) {
-      s.steps_to_target = reached_->step;
-      s.seconds_to_target = reached_->train_seconds;
-      s.samples_to_target = reached_->samples;
-    }
-  }
+  const TrainSummary s = summary(complete, time_limit_reached);
   // The last checkpoint carries the summary of a finished run (see load_checkpoint).
   if (!options_.checkpoint_dir().empty()) {
     save_checkpoint(complete ? std::optional<TrainSummary>(s) : std::nullopt);

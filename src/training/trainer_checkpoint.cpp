@@ -124,4 +124,46 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   return std::nullopt;
 }
 
+std::optional<TrainSummary> Trainer::resume() {
+  const std::optional<TrainSummary> finished = load_checkpoint();
+  // A run that stopped at its target is finished too.
+  const bool at_target = finished && finished->target_reached;
+  if (loaded_ && (step_ >= total_steps_ || at_target)) {
+    // Nothing left to train: a finished run's summary as it was, never a
+    // summary of zero steps over it.
+    if (!finished) {
+      throw OptionError(Option::kResume,
+                        fmt::format("{}/{} is at step {}, past the {} steps of this run; ask "
+                                    "for more {} or {}",
+                                    options_.checkpoint_dir(), kCheckpointFile, step_,
+                                    total_steps_, mention(Option::kSteps),
+                                    mention(Option::kEpochs)));
+    }
+    emit(TrainEvent::Kind::kResumed,
+         fmt::format("the run in {} is already finished (step {} of {}{}): nothing to "
+                     "train; its summary follows",
+                     options_.checkpoint_dir(), step_, total_steps_,
+                     at_target ? ", stopped at its target" : ""));
+    // Exports a kill cut short before the last checkpoint are made again
+    // from the weights it holds.
+    if (data_parallel_.rank() == 0) write_model_exports(options_.checkpoint_dir(), workload_.model());
+    TrainSummary s = *finished;
+    s.already_finished = true;
+    return s;
+  }
+  if (!loaded_) {
+    emit(TrainEvent::Kind::kResumed,
+         fmt::format("no checkpoint in {} yet: --resume starts the run afresh",
+                     options_.checkpoint_dir()));
+  } else {
+    total_steps_ = planned_steps();  // the changes it replayed
+    resumed_from_step_ = step_;
+    emit(TrainEvent::Kind::kResumed,
+         fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
+                     options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
+                     batch_in_epoch_));
+  }
+  return std::nullopt;
+}
+
 }  // namespace batchtune

@@ -258,6 +258,11 @@ class Trainer {
   /// Reads the checkpoint when there is one (sets `loaded_`); returns the
   /// summary it holds of a finished run.
   std::optional<TrainSummary> load_checkpoint();
+  /// `--resume`: continues from the checkpoint when there is one; returns
+  /// the summary of a run that was already finished (nothing to train).
+  std::optional<TrainSummary> resume();
+  /// The summary at the end of the run (`complete`: not interrupted).
+  TrainSummary summary(bool complete, bool time_limit_reached);
   RunIdentity run_identity() const;
   void emit(TrainEvent::Kind kind, const std::string& message = "");
   /// The lr of optimizer step `step` before warm-up: the plan's, on its way

@@ -1,0 +1,91 @@
+// The run behind `train_by_tokens` (see token_trainer.h), private to the
+// training layer: token_trainer.cpp trains, token_run_events.cpp reports.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "batchtune/common/clock.h"
+#include "batchtune/data/token_batches.h"
+#include "batchtune/training/batch_adapter.h"
+#include "batchtune/training/token_trainer.h"
+
+namespace batchtune {
+
+/// One token-budget run: the epochs' micro-batches grouped into optimizer
+/// steps by their real tokens, trained with out-of-memory recovery, and
+/// (`--adapt`) the tokens per step moved by goodput.
+class TokenRun {
+ public:
+  TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan, const TextDataset& data,
+           const TokenTrainOptions& options, const TrainCallback& callback,
+           const std::function<void(int64_t)>& before_step);
+  TrainSummary run();
+
+ private:
+  /// The micro-batches of the next optimizer step, from `micro_[next_]` on.
+  std::vector<TokenBatch> next_group();
+  /// Trains `group` (retried in smaller micro-batches on an out-of-memory);
+  /// returns its loss.
+  at::Tensor train_group(std::vector<TokenBatch>& group, int64_t group_tokens);
+  /// After an out-of-memory: half the budget, or an error when a single
+  /// sample did not fit.
+  void shrink_budget(const c10::Error& e, int64_t group_tokens);
+  /// `--adapt`: times the window since the last decision and decides.
+  void adapt();
+  /// The budget micro-batches are filled to for `target` real tokens a step.
+  int64_t budget_for(int64_t target) const {
+    return std::min(cap_, std::max(longest_, target));
+  }
+  /// A log event after the step that trained `group`.
+  void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
+  /// True when the moving mean loss reached `--target-loss`.
+  bool reached_target(double loss);
+  void emit(TrainEvent event) const {
+    if (callback_) callback_(event);
+  }
+
+  Workload& workload_;
+  DeviceMemory& memory_;
+  const Plan& plan_;
+  const TextDataset& data_;
+  const TokenTrainOptions& options_;
+  const TrainCallback& callback_;
+  const std::function<void(int64_t)>& before_step_;
+  const Clock& clock_;
+  const bool fixed_;
+  const std::vector<int64_t>& lengths_;
+  const int64_t longest_;  // the longest sample the data may hold
+  int64_t pad_to_ = 0;
+  /// The most padded tokens a micro-batch may hold (halved by an
+  /// out-of-memory), and the budget micro-batches are filled to.
+  int64_t cap_ = 0;
+  int64_t budget_ = 0;
+  /// Real tokens an optimizer step gathers (0: `group_size_` micro-batches).
+  int64_t target_tokens_ = 0;
+  int64_t group_size_ = 0;
+  std::optional<LengthBucketSampler> sampler_;
+  TrainingStep step_;
+  TrainSummary summary_;
+  int64_t epoch_ = 0;
+  std::vector<TokenBatch> micro_;  // this epoch's micro-batches
+  size_t next_ = 0;
+  int64_t epoch_samples_ = 0;
+  double start_s_ = 0;
+  double loss_since_log_ = 0;
+  int64_t steps_since_log_ = 0;
+  std::deque<double> window_;  // the last `loss_window` steps' losses
+  double window_sum_ = 0;
+  // --adapt: the policy (which times its windows), the lr and its ramp.
+  std::optional<BatchAdapter> adapter_;
+  double lr_ = 0;
+  LrRamp ramp_;
+};
+
+}  // namespace batchtune
