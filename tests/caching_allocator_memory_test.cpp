@@ -230,6 +230,32 @@ TEST(CachingAllocatorMemory, ReservedAboveTheCapIsOverBudgetWhateverTheHeadroomL
   EXPECT_EQ(memory->over_budget_bytes(), 300 * kMiB - kCudaOutsideGrowthBytes);
 }
 
+TEST(CachingAllocatorMemory, SaysHowFarTheTensorsWentIntoTheFragmentationReserve) {
+  FakeDeviceState state;
+  state.used = 500 * kMiB;
+  auto memory = fake_memory(state, 8 * kGiB);
+  memory->reset_peak();
+  fake_step(*memory, state, 0);
+  const int64_t cap = cap_bytes(state);
+  const auto allocate_peak = [&](double share_of_cap) {
+    memory->reset_peak();
+    const auto bytes = static_cast<int64_t>(share_of_cap * static_cast<double>(cap));
+    state.stats.allocated_peak = bytes;
+    state.stats.reserved_peak = std::min(cap, bytes + 30 * kMiB);  // within the cap either way
+    memory->synchronize();
+  };
+  // Below the cap less the reserve: none of it used, and within the cap.
+  allocate_peak(1 - kCudaFragmentationReserve - 0.01);
+  EXPECT_EQ(memory->reserve_used_bytes(), 0);
+  // Tensors that needed 99 % of the cap ran, by how the blocks split: within
+  // the cap (a probe's question), but into the reserve (a search's) by what
+  // they took of it.
+  allocate_peak(0.99);
+  EXPECT_EQ(memory->over_budget_bytes(), 0);
+  EXPECT_NEAR(static_cast<double>(memory->reserve_used_bytes()),
+              (0.99 - (1 - kCudaFragmentationReserve)) * static_cast<double>(cap), 1.0 * kMiB);
+}
+
 TEST(CachingAllocatorMemory, PutsBackTheCapAndTheCurrentDeviceItFound) {
   FakeDeviceState state;
   state.current_device = 0;

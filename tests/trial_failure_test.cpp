@@ -169,6 +169,23 @@ TEST(TrialRunner, AnErrorThatIsNoLibTorchErrorIsClassifiedTheSameWay) {
   expect_identical(f.workload.model().parameters(), params);
 }
 
+TEST(TrialRunner, OnlyASearchsTrialKeepsTheFragmentationReserve) {
+  // Tensors that went into the share of the cap kept for fragmentation: the
+  // batch ran (a probe fits), but a search may not call it its largest.
+  Fixture f;
+  f.counting.set_reserve_used(3 * kMiB);
+  TrialRunner runner(f.workload, f.counting);
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(4)).fits);
+  const TrialResult searched =
+      runner.run(TrialOptions().batch_size(4).keep_fragmentation_reserve(true));
+  EXPECT_FALSE(searched.fits);
+  EXPECT_EQ(searched.failure, TrialFailure::kOverBudget);
+  EXPECT_NE(searched.error.find("search keeps for its fragmentation"), std::string::npos)
+      << searched.error;
+  f.counting.set_reserve_used(0);
+  EXPECT_TRUE(runner.run(TrialOptions().batch_size(4).keep_fragmentation_reserve(true)).fits);
+}
+
 TEST(Trainer, RecoversFromAnOutOfMemoryThatOnlyTheCounterSaw) {
   CountingMemory counting(make_device_memory(c10::Device(c10::kCPU), 512 * kMiB));
   constexpr int64_t kLargest = 16;

@@ -398,6 +398,21 @@ TEST(Tune, ARunnerTuneKeepsTheRunnersClock) {
   EXPECT_EQ(&runner.clock(), own) << "the tune's clock is lent for the run only";
 }
 
+TEST(Tune, ASearchOnlyTuneGivesTheSearchTheWholeBudget) {
+  // Steps so slow that the search cannot finish in the 8 s that the
+  // precision's and its own share grant beside a sweep (it then stops at
+  // its time budget), but can in the 18 s the precision phase leaves it
+  // under --search-only.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
+  TimedSubject slow(clock, AmpMode::kOff, 1500, 2);
+  TrialRunner runner(slow, *memory, 0.1);
+  const TuneResult r = tune(runner, TuneOptions().time_budget_s(20).clock(&clock).search_only(true));
+  EXPECT_FALSE(r.search.hit_time_budget) << r.search.stop_reason;
+  EXPECT_TRUE(r.search.confirmed) << r.search.stop_reason;
+  EXPECT_GT(r.search.seconds, 12) << r.search.stop_reason;
+}
+
 TEST(Tune, WithoutASweepThePlanIsAtTheLargestThatFits) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
   testing::FakeClock clock;

@@ -82,6 +82,12 @@ class CachingAllocatorMemory final : public DeviceMemory {
     const int64_t outside_over = outside_peak_ - outside_ - kCudaOutsideGrowthBytes;
     return std::max<int64_t>(0, reserved_over) + std::max<int64_t>(0, outside_over);
   }
+  int64_t reserve_used_bytes() const override {
+    // Judged by the tensors' peak, which the blocks' split does not change.
+    const auto allowed = static_cast<int64_t>((1 - kCudaFragmentationReserve) *
+                                              static_cast<double>(allocator_budget()));
+    return std::max<int64_t>(0, device_->stats().allocated_peak - allowed);
+  }
   int64_t oom_count() const override { return device_->stats().num_ooms; }
   void release_cached() override { device_->empty_cache(); }
   void synchronize() override {

@@ -293,16 +293,23 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
   // The peak before putting back: restoring the snapshot allocates nothing
   // on the device, but the peak belongs to the steps.
   result.peak_bytes = memory_.peak_bytes();
-  const int64_t over_budget = memory_.over_budget_bytes();
+  const int64_t reserve_used =
+      options.keep_fragmentation_reserve() ? memory_.reserve_used_bytes() : 0;
+  const int64_t over_budget = memory_.over_budget_bytes() + reserve_used;
   put_back();
 
   if (result.fits && over_budget > 0) {
     result.fits = false;
     result.failure = TrialFailure::kOverBudget;
-    result.error = fmt::format("peak {} is {} over the usable {} ({} less {:.0f} % margin)",
+    result.error = fmt::format("peak {} is {} over the usable {} ({} less {:.0f} % margin{})",
                                format_bytes(result.peak_bytes), format_bytes(over_budget),
                                format_bytes(result.usable_bytes),
-                               format_bytes(result.capacity_bytes), margin_ * 100);
+                               format_bytes(result.capacity_bytes), margin_ * 100,
+                               reserve_used > 0
+                                   ? fmt::format(", and {:.0f} % of the allocator's cap a "
+                                                 "search keeps for its fragmentation",
+                                                 kCudaFragmentationReserve * 100)
+                                   : std::string());
   }
   summarize_steps(result);
   if (result.noisy) result.noise_cause = machine_load_cause(load_before, read_cpu_times());

@@ -47,9 +47,12 @@ void TunePipeline::search() {
   // Never nothing, even when the precision phase overran its share on a
   // loaded machine: what fits is the answer a tune cannot go without (the
   // overrun is then said in `budget_note`).
-  const double seconds =
-      std::max(budget_.begin_phase(kSearchBudgetShare),
-               kLateSearchShare * kSearchBudgetShare * options_.time_budget_s());
+  // Under --search-only the search is the whole run: it gets all the
+  // precision phase left, not the share it has beside the later phases.
+  const double share =
+      options_.search_only() ? 1.0 - kPrecisionBudgetShare : kSearchBudgetShare;
+  const double seconds = std::max(budget_.begin_phase(share),
+                                  kLateSearchShare * share * options_.time_budget_s());
   search.time_budget_s(seconds);
   // No micro-batch larger than the training data.
   const Dataset* data = options_.data();
@@ -64,7 +67,8 @@ void TunePipeline::search() {
         return trial(TunePhase::kSearch, TrialOptions()
                                              .batch_size(batch)
                                              .steps(kSearchTimedSteps)
-                                             .warmup_steps(kSearchWarmupSteps));
+                                             .warmup_steps(kSearchWarmupSteps)
+                                             .keep_fragmentation_reserve(true));
       },
       search, clock_,
       [&](const TrialResult& t, size_t index) {
@@ -109,7 +113,8 @@ void TunePipeline::lengths() {
                                                        .batch_size(batch)
                                                        .sequence_length(length)
                                                        .steps(kSearchTimedSteps)
-                                                       .warmup_steps(kSearchWarmupSteps));
+                                                       .warmup_steps(kSearchWarmupSteps)
+                                                       .keep_fragmentation_reserve(true));
         reporter_.trial_finished(TunePhase::kLengths, t, index++);
         return t;
       },
@@ -138,7 +143,11 @@ void TunePipeline::evaluation() {
                                       seconds));
   SearchResult found = search_max_batch(
       [&](int64_t batch) {
-        return trial(TunePhase::kEval, TrialOptions().batch_size(batch).steps(1).warmup_steps(0));
+        return trial(TunePhase::kEval, TrialOptions()
+                                           .batch_size(batch)
+                                           .steps(1)
+                                           .warmup_steps(0)
+                                           .keep_fragmentation_reserve(true));
       },
       search, clock_,
       [&](const TrialResult& t, size_t index) {

@@ -140,6 +140,9 @@ def test_the_fake_nvidia_smi_answers_as_the_real_one_formats():
 
 
 def test_clean_error_wants_exit_2_and_one_line():
-    assert gpu_check.verdict_clean_error(Outcome(2, "", "batchtune: --device cuda:1: no\n", 0.1), "--device")[0] == "pass"
+    # The text the H200 run printed for a device past the last one.
+    missing = "batchtune: --device: cuda:1: there are only 1 CUDA device(s), numbered from 0\n"
+    assert gpu_check.verdict_clean_error(Outcome(2, "", missing, 0.1), "--device: cuda:1")[0] == "pass"
+    assert gpu_check.verdict_clean_error(Outcome(2, "", missing, 0.1), "--device: cuda:2")[0] == "fail"
     assert gpu_check.verdict_clean_error(Outcome(2, "", "a\nb\n", 0.1), "a")[0] == "fail"
     assert gpu_check.verdict_clean_error(Outcome(1, "", "--device x\n", 0.1), "--device")[0] == "fail"

@@ -89,6 +89,11 @@ struct TrialOptions {
   /// Sequences: tokens per sample of the trial's batches (see `at_length`);
   /// 0 for the longest the input spec allows, the worst case.
   TORCH_ARG(int64_t, sequence_length) = 0;
+  /// A trial of a largest-batch search: on CUDA its tensors must also leave
+  /// `kCudaFragmentationReserve` of the allocator's cap unused, else it is
+  /// over budget, so that the batch a search finds runs in the next process
+  /// too. A probe, or training, asks only whether the batch runs.
+  TORCH_ARG(bool, keep_fragmentation_reserve) = false;
 };
 
 /// What a trial trains: the seam between the trial runner, which times and
