@@ -123,7 +123,7 @@ TEST(TrainCli, AdaptWritesItsBatchScheduleAndLogsEveryChange) {
   }
   EXPECT_EQ(json["global_batch_size"], schedule.back()["global_batch_size"]);
   // Each change is a line of the log.
-  EXPECT_EQ(occurrences(r.output, "--adapt: global batch"), schedule.size() - 1) << r.output;
+  EXPECT_EQ(occurrences(r.output, "adapt: global batch"), schedule.size() - 1) << r.output;
   // The summary shows the batch and lr over the steps.
   EXPECT_NE(r.output.find(fmt::format("--adapt: {} change(s) of the global batch:",
                                       schedule.size() - 1)),

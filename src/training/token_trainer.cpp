@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <optional>
 
@@ -110,7 +109,7 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     start.micro_batch_size = budget_;
     start.accumulation_steps = ceil_div(target_tokens_, budget_);
     start.lr = plan.lr;
-    start.reason = "the real tokens per step and lr the run starts from, where --adapt starts";
+    start.reason = "the real tokens per step and lr the run starts from, where adapting starts";
     summary_.batch_schedule.push_back(start);
   }
   summary_.world_size = 1;
@@ -234,7 +233,7 @@ void TokenRun::adapt() {
   event.lr = change->lr;
   event.noise_scale = noise_scale;
   event.message = fmt::format(
-      "--adapt: {} -> {} real tokens per step (micro-batches of {} padded tokens), lr {:.3g} "
+      "adapt: {} -> {} real tokens per step (micro-batches of {} padded tokens), lr {:.3g} "
       "over {} steps: {}",
       before, target_tokens_, budget_, change->lr, kAdaptLrRampSteps, change->reason);
   emit(event);

@@ -217,7 +217,7 @@ TrainSummary Trainer::run() {
     start.micro_batch_size = plan_.micro_batch_size;
     start.accumulation_steps = plan_.accumulation_steps;
     start.lr = plan_.lr;
-    start.reason = "the plan's global batch and lr, where --adapt starts";
+    start.reason = "the plan's global batch and lr, where adapting starts";
     schedule_.push_back(start);
   }
   std::vector<int64_t> order;

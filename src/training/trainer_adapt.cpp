@@ -62,7 +62,7 @@ void Trainer::apply_change(const BatchChange& change) {
   cursor_.change(step_, change.global_batch_size);
   schedule_.push_back(change);
   emit(TrainEvent::Kind::kBatchChange,
-       fmt::format("--adapt: global batch {} -> {} ({} x {} per rank), lr {:.3g} over {} steps: "
+       fmt::format("adapt: global batch {} -> {} ({} x {} per rank), lr {:.3g} over {} steps: "
                    "{}",
                    before, change.global_batch_size, change.micro_batch_size,
                    change.accumulation_steps, change.lr, kAdaptLrRampSteps, change.reason));
