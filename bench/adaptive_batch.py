@@ -4,7 +4,7 @@ sooner than the best fixed batch? `train --adapt` against a grid of fixed
 global batches, from the same seeds, each to the same test accuracy.
 
     python bench/adaptive_batch.py [--batchtune build/batchtune] [--repeats 3]
-        [--seeds 0,1,2] [--grid 32,64,128,256] [--start 32,64] [--json FILE]
+        [--seeds 0,1,2] [--grid 32,64,128,256] [--start 32,64] [--adapt-lr gain,batch] [--json FILE]
 
 lenet on Fashion-MNIST (`--data fashion-mnist`) to 85 % test accuracy. Each
 fixed way is `train --batch-size G` (the lr scaled from the default 1e-3 at
@@ -49,6 +49,9 @@ def parse():
     p.add_argument("--grid", default="32,64,128,256", help="the fixed global batches")
     p.add_argument("--start", default="32,64", help="where --adapt starts (each a way)")
     p.add_argument("--adapt-every", type=int, default=50)
+    p.add_argument("--adapt-lr", default="gain",
+                   help="the lr rules of the adaptive ways (train --adapt-lr), each a way: "
+                        "gain,batch compares them side by side")
     p.add_argument("--seeds", default="0",
                    help="comma-separated seeds; every way runs on each")
     p.add_argument("--target-accuracy", type=float, default=0.85)
@@ -86,8 +89,11 @@ def tune_text(args, seed, out_dir):
 def train(args, cmd, way, size_flag, seed, path):
     """Runs one way (`cmd` plus its size, and --adapt for "adapt:START") and
     returns its summary JSON with the wall time and seed."""
-    if isinstance(way, str):  # "adapt:START"
-        cmd += [size_flag, way.split(":")[1], "--adapt", "--adapt-every", str(args.adapt_every)]
+    if isinstance(way, str):  # "adapt:START", or "adapt:START:RULE" for --adapt-lr RULE
+        parts = way.split(":")
+        cmd += [size_flag, parts[1], "--adapt", "--adapt-every", str(args.adapt_every)]
+        if len(parts) > 2:
+            cmd += ["--adapt-lr", parts[2]]
     else:
         cmd += [size_flag, str(way)]
     start = time.monotonic()
@@ -168,7 +174,9 @@ def verdict(low, high):
 def main():
     args = parse()
     starts = [int(b) for b in args.start.split(",")]
-    ways = [int(g) for g in args.grid.split(",")] + [f"adapt:{b}" for b in starts]
+    rules = args.adapt_lr.split(",")
+    ways = [int(g) for g in args.grid.split(",")] + [
+        f"adapt:{b}" if rules == ["gain"] else f"adapt:{b}:{rule}" for b in starts for rule in rules]
     seeds = [int(s) for s in args.seeds.split(",")]
     runs = {way: [] for way in ways}
     text = args.task == "gpt"

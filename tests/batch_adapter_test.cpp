@@ -154,6 +154,10 @@ TEST(BatchAdapter, TheLrFollowsTheAdaScaleGainUnderThePlansRule) {
   EXPECT_DOUBLE_EQ(sqrt_rule.lr_for(128, 100), 1e-3 * std::sqrt(gain));
   BatchAdapter none(64, 1e-3, LrScaling::kNone, 1);
   EXPECT_DOUBLE_EQ(none.lr_for(128, 100), 1e-3);
+  // --adapt-lr batch: the plan's rule on the batch ratio, whatever the noise.
+  BatchAdapter by_batch(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().lr(AdaptLr::kBatch));
+  EXPECT_DOUBLE_EQ(by_batch.lr_for(128, 100), 1e-3 * std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(by_batch.lr_for(128, 0), 1e-3 * std::sqrt(2.0));
 }
 
 TEST(BatchAdapter, SplitsTheLocalBatchUnderTheMicroBatchCap) {

@@ -407,7 +407,8 @@ TEST(Tune, ASearchOnlyTuneGivesTheSearchTheWholeBudget) {
   testing::FakeClock clock;
   TimedSubject slow(clock, AmpMode::kOff, 1500, 2);
   TrialRunner runner(slow, *memory, 0.1);
-  const TuneResult r = tune(runner, TuneOptions().time_budget_s(20).clock(&clock).search_only(true));
+  const TuneResult r =
+      tune(runner, TuneOptions().time_budget_s(20).clock(&clock).search_only(true));
   EXPECT_FALSE(r.search.hit_time_budget) << r.search.stop_reason;
   EXPECT_TRUE(r.search.confirmed) << r.search.stop_reason;
   EXPECT_GT(r.search.seconds, 12) << r.search.stop_reason;

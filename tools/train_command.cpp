@@ -34,6 +34,11 @@ constexpr double kUtilizationWindowS = 5;
 /// How often the progress bar is redrawn on a terminal.
 constexpr double kProgressIntervalS = 0.25;
 
+/// `--adapt-lr`'s word (checked with the other flags) as the library's rule.
+AdaptLr adapt_lr(const std::string& word) {
+  return word == "batch" ? AdaptLr::kBatch : AdaptLr::kGain;
+}
+
 /// Passes over the data at most: a million epochs is past any training run,
 /// and epochs × steps per epoch stays inside int64.
 constexpr int64_t kMaxEpochs = 1000000;
@@ -64,6 +69,7 @@ struct TrainFlags {
   bool adapt = false;
   int64_t adapt_every = kDefaultAdaptEvery;
   int64_t adapt_max_batch = 0;
+  std::string adapt_lr = "gain";
   std::string json;
 };
 
@@ -144,7 +150,8 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .adapt(flags.adapt)
           .adapt_options(AdaptOptions()
                              .every(flags.adapt_every)
-                             .max_global_batch(flags.adapt_max_batch)),
+                             .max_global_batch(flags.adapt_max_batch)
+                             .lr(adapt_lr(flags.adapt_lr))),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
           out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",
@@ -213,10 +220,13 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                   "stop at --target-accuracy");
     }
   }
-  for (const char* flag : {"--adapt-every", "--adapt-max-batch"}) {
+  for (const char* flag : {"--adapt-every", "--adapt-max-batch", "--adapt-lr"}) {
     if (cmd.count(flag) > 0 && !flags.adapt) {
       throw Error(fmt::format("{}: tunes --adapt; add --adapt, or leave it out", flag));
     }
+  }
+  if (flags.adapt_lr != "gain" && flags.adapt_lr != "batch") {
+    throw Error(fmt::format("--adapt-lr: must be gain or batch, got '{}'", flags.adapt_lr));
   }
   if (flags.adapt_every < 1 || flags.adapt_every > kMaxPlanCount) {
     throw Error(fmt::format("--adapt-every: must be in [1, {}] optimizer steps, got {}",
@@ -376,7 +386,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .adapt(flags.adapt)
                       .adapt_options(AdaptOptions()
                                          .every(flags.adapt_every)
-                                         .max_global_batch(flags.adapt_max_batch))
+                                         .max_global_batch(flags.adapt_max_batch)
+                                         .lr(adapt_lr(flags.adapt_lr)))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
                                            : std::nullopt));
@@ -471,6 +482,11 @@ CommandRun add_train_command(CLI::App& app) {
                   fmt::format("--adapt: the largest global batch, in tokens for --data text "
                               "(0: {} x the starting batch, within the data)",
                               kDefaultAdaptGrowth));
+  cmd->add_option("--adapt-lr", flags->adapt_lr,
+                  "--adapt: what the lr of a new global batch follows, under the plan's rule "
+                  "(sqrt for Adam): gain, the AdaScale gain (B/B0) x E(B), which grows slower "
+                  "while the noise scale is small; batch, the batch ratio B/B0 alone")
+      ->capture_default_str();
   cmd->add_flag("--memory-summary", flags->memory_summary,
                 "print the device allocator's statistics at the end");
   cmd->add_option("--json", flags->json, "write the summary as JSON to FILE, or - for stdout");

@@ -132,7 +132,9 @@ std::pair<int64_t, int64_t> BatchAdapter::split(int64_t global_batch) const {
 double BatchAdapter::lr_for(int64_t global_batch, double noise_scale) const {
   const double b = static_cast<double>(global_batch);
   const double b0 = static_cast<double>(base_batch_);
-  const double gain = b / b0 * statistical_efficiency(noise_scale, b0, b);
+  const double gain = options_.lr() == AdaptLr::kBatch
+                          ? b / b0
+                          : b / b0 * statistical_efficiency(noise_scale, b0, b);
   switch (scaling_) {
     case LrScaling::kLinear:
       return base_lr_ * gain;

@@ -43,6 +43,12 @@ constexpr int64_t kAdaptSettleShare = 10;
 /// (`SuccessiveGradients`).
 constexpr int64_t kAdaptNoiseEvery = 10;
 
+/// What the lr of a new global batch B follows under `--adapt` (the plan's
+/// rule f, linear or sqrt, applied to it): `kGain`, the AdaScale gain
+/// r(B) = (B/B0)·E(B), the default; `kBatch`, the batch ratio B/B0 alone, as
+/// the plan scales a fixed batch (`--adapt-lr batch`, for comparison).
+enum class AdaptLr { kGain, kBatch };
+
 /// How `train --adapt` moves the global batch.
 struct AdaptOptions {
   /// Optimizer steps between decisions (and the window a batch is timed over).
@@ -53,6 +59,8 @@ struct AdaptOptions {
   TORCH_ARG(double, min_gain) = kAdaptMinGain;
   TORCH_ARG(int64_t, min_measurements) = kAdaptMinMeasurements;
   TORCH_ARG(int64_t, lr_ramp_steps) = kAdaptLrRampSteps;
+  /// What the lr follows (`AdaptLr`).
+  TORCH_ARG(AdaptLr, lr) = AdaptLr::kGain;
   /// What a global batch counts, as the reasons name it: "samples", or
   /// "tokens" for text trained by a token budget.
   TORCH_ARG(std::string, unit) = "samples";
