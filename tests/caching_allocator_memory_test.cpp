@@ -200,12 +200,19 @@ TEST(CachingAllocatorMemory, AFreshProbeGetsTheCapTheSearchHad) {
   EXPECT_EQ(cap_bytes(probe_state), search_cap);
 }
 
-TEST(CachingAllocatorMemory, ReservedAboveTheCapIsOverBudgetWhateverTheHeadroomLeft) {
-  FakeDeviceState state;
+/// An 8 GiB limit with 500 MiB used outside the allocator, after the first
+/// step (the outside memory frozen, the cap set).
+std::unique_ptr<DeviceMemory> after_first_step(FakeDeviceState& state) {
   state.used = 500 * kMiB;
   auto memory = fake_memory(state, 8 * kGiB);
   memory->reset_peak();
   fake_step(*memory, state, 0);
+  return memory;
+}
+
+TEST(CachingAllocatorMemory, ReservedAboveTheCapIsOverBudgetWhateverTheHeadroomLeft) {
+  FakeDeviceState state;
+  auto memory = after_first_step(state);
   const int64_t cap = cap_bytes(state);
   memory->reset_peak();
   // The allocator held 100 MiB above its cap (blocks kept from before the
@@ -232,10 +239,7 @@ TEST(CachingAllocatorMemory, ReservedAboveTheCapIsOverBudgetWhateverTheHeadroomL
 
 TEST(CachingAllocatorMemory, SaysHowFarTheTensorsWentIntoTheFragmentationReserve) {
   FakeDeviceState state;
-  state.used = 500 * kMiB;
-  auto memory = fake_memory(state, 8 * kGiB);
-  memory->reset_peak();
-  fake_step(*memory, state, 0);
+  auto memory = after_first_step(state);
   const int64_t cap = cap_bytes(state);
   const auto allocate_peak = [&](double share_of_cap) {
     memory->reset_peak();
