@@ -187,6 +187,26 @@ TEST(BatchAdapter, ItsStateRoundTripsForACheckpoint) {
   EXPECT_THROW(other.load_state(adapter.state()), Error);
 }
 
+TEST(BatchAdapter, AResumeKeepsTheLrRuleItStartedWith) {
+  BatchAdapter by_gain(64, 1e-3, LrScaling::kSqrt, 1);
+  EXPECT_EQ(by_gain.state().at("lr_rule"), "gain");
+  BatchAdapter by_batch(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().lr(AdaptLr::kBatch));
+  try {
+    by_batch.load_state(by_gain.state());
+    FAIL() << "a gain run resumed under the batch rule";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kResume);
+    EXPECT_STREQ(e.what(),
+                 "--resume: the checkpoint's --adapt run moved its lr by the gain rule, this one "
+                 "by the batch; resume with --adapt-lr gain");
+  }
+  // A checkpoint written before the rule was kept followed the gain.
+  nlohmann::json older = by_gain.state();
+  older.erase("lr_rule");
+  EXPECT_NO_THROW(by_gain.load_state(older));
+  EXPECT_THROW(by_batch.load_state(older), OptionError);
+}
+
 TEST(BatchAdapter, AnUncertainNoiseScaleKeepsTheBatch) {
   BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
   run_at(adapter, 64, 1000);
@@ -247,6 +267,10 @@ TEST(BatchAdapter, BadOptionsAreRefusedNamingTheFlag) {
   EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().every(0)); }),
             "--adapt-every: must be at least 1 step, got 0");
   EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().every(1).max_global_batch(0)); }), "");
+  EXPECT_EQ(message([] { parse_adapt_lr("linear"); }),
+            "--adapt-lr: must be gain or batch, got 'linear'");
+  EXPECT_EQ(parse_adapt_lr("batch"), AdaptLr::kBatch);
+  EXPECT_EQ(adapt_lr_name(parse_adapt_lr("gain")), "gain");
 }
 
 TEST(BatchChange, RoundTripsThroughJson) {

@@ -34,11 +34,6 @@ constexpr double kUtilizationWindowS = 5;
 /// How often the progress bar is redrawn on a terminal.
 constexpr double kProgressIntervalS = 0.25;
 
-/// `--adapt-lr`'s word (checked with the other flags) as the library's rule.
-AdaptLr adapt_lr(const std::string& word) {
-  return word == "batch" ? AdaptLr::kBatch : AdaptLr::kGain;
-}
-
 /// Passes over the data at most: a million epochs is past any training run,
 /// and epochs × steps per epoch stays inside int64.
 constexpr int64_t kMaxEpochs = 1000000;
@@ -151,7 +146,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .adapt_options(AdaptOptions()
                              .every(flags.adapt_every)
                              .max_global_batch(flags.adapt_max_batch)
-                             .lr(adapt_lr(flags.adapt_lr))),
+                             .lr(parse_adapt_lr(flags.adapt_lr))),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
           out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",
@@ -225,9 +220,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
       throw Error(fmt::format("{}: tunes --adapt; add --adapt, or leave it out", flag));
     }
   }
-  if (flags.adapt_lr != "gain" && flags.adapt_lr != "batch") {
-    throw Error(fmt::format("--adapt-lr: must be gain or batch, got '{}'", flags.adapt_lr));
-  }
+  parse_adapt_lr(flags.adapt_lr);
   if (flags.adapt_every < 1 || flags.adapt_every > kMaxPlanCount) {
     throw Error(fmt::format("--adapt-every: must be in [1, {}] optimizer steps, got {}",
                             kMaxPlanCount, flags.adapt_every));
@@ -387,7 +380,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .adapt_options(AdaptOptions()
                                          .every(flags.adapt_every)
                                          .max_global_batch(flags.adapt_max_batch)
-                                         .lr(adapt_lr(flags.adapt_lr)))
+                                         .lr(parse_adapt_lr(flags.adapt_lr)))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
                                            : std::nullopt));

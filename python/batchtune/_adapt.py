@@ -18,27 +18,36 @@ def loss_scale_of(scaler: Optional[Any]) -> Optional[torch.Tensor]:
     return getattr(scaler, "_scale", None) if scaler is not None else None
 
 
-def check_arguments(every: Any, max_global_batch: Any) -> None:
-    """`adapt_every` and `adapt_max_batch` of a `Trainer` or the Lightning
-    callback, before anything runs: whole numbers (a `TypeError` otherwise),
-    in the policy's own range (`check_adapt_options`); None or 0 for the
-    largest batch is the default."""
+def check_arguments(every: Any, max_global_batch: Any, lr: Any = "gain") -> None:
+    """`adapt_every`, `adapt_max_batch` and `adapt_lr` of a `Trainer` or the
+    Lightning callback, before anything runs: whole numbers (a `TypeError`
+    otherwise), in the policy's own range (`check_adapt_options`); None or 0
+    for the largest batch is the default; the lr rule "gain" or "batch"."""
     _checks.whole("adapt_every", every)
     if max_global_batch is not None:
         _checks.whole("adapt_max_batch", max_global_batch)
-    _core.check_adapt_options(every, max_global_batch or 0)
+    _core.check_adapt_options(every, max_global_batch or 0, str(lr))
+
+
+def adapt_lr_rule(adapt: bool, lr: Optional[Any]) -> str:
+    """The lr rule of `adapt_lr` (None: "gain", the default); refused when
+    given without `adapt`, as `train --adapt-lr` is without `--adapt`."""
+    if lr is not None and not adapt:
+        raise _core.Error("adapt_lr: tunes adapt; give adapt=True, or leave it out")
+    return "gain" if lr is None else lr
 
 
 class Adaptation:
     """What a `Trainer` with `adapt=True` keeps: the policy, the noise
-    estimate, the schedule of changes and the lr ramp after one."""
+    estimate, the schedule of changes and the lr ramp after one. `lr` is
+    the rule the lr follows: "gain" (AdaScale's) or "batch" (the batch ratio)."""
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
-                 clock: Callable[[], float], group: Optional[Any]):
-        check_arguments(every, max_global_batch)
+                 clock: Callable[[], float], group: Optional[Any], lr: str = "gain"):
+        check_arguments(every, max_global_batch, lr)
         # The policy checks adapt_max_batch against the plan's global batch.
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
-                                          plan.world_size, every, max_global_batch or 0)
+                                          plan.world_size, every, max_global_batch or 0, lr)
         self.noise = _core.NoiseScaleEstimator()
         self.successive = _core.SuccessiveGradients()
         self.every = every

@@ -233,11 +233,11 @@ class LightningAdaptation:
     gain already applied to the optimizer and its schedulers."""
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int], clock,
-                 batches: _Batches):
+                 batches: _Batches, lr: str = "gain"):
         self.base = plan
         self.current = dataclasses.replace(plan, reasons=list(plan.reasons),
                                            warnings=list(plan.warnings))
-        self.adaptation = Adaptation(plan, every, max_global_batch, clock, None)
+        self.adaptation = Adaptation(plan, every, max_global_batch, clock, None, lr)
         self.batches = batches
         self.pending: Optional[Dict[str, Any]] = None  # decided, not trained yet
         self.gain = 1.0                                # applied to the lrs

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import _checks, _core
-from ._adapt import check_arguments
+from ._adapt import adapt_lr_rule, check_arguments
 from ._fit import missing
 from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
 from ._results import TuneResult
@@ -92,8 +92,10 @@ class BatchTune(Callback):
             every `adapt_every` optimizer steps the global batch may double or
             halve where goodput says so, from the plan's up to
             `adapt_max_batch` (default 32x), the micro-batch growing up to the
-            largest the tune saw fit and then accumulating; the lr follows by
-            the AdaScale gain (ramped over 20 steps) on top of the schedule.
+            largest the tune saw fit and then accumulating; the lr follows
+            (ramped over 20 steps, on top of the schedule) the plan's scaling
+            rule applied to the AdaScale gain, or with `adapt_lr="batch"` to
+            the batch ratio alone.
             The train dataloader is made again with a batch sampler that hands
             out the next micro-batches of the global batch of the moment.
         adapt_seed: the seed of the epochs' order under adapt (the same on
@@ -117,12 +119,13 @@ class BatchTune(Callback):
                  make_batch: Optional[Callable[[int], Any]] = None,
                  loss_fn: Optional[Callable] = None, adapt: bool = False,
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
-                 adapt_max_batch: Optional[int] = None, adapt_seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
+                 adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
+                 adapt_seed: int = 0, clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
         super().__init__()
         if not isinstance(adapt, bool):
             raise _core.Error(f"adapt: give True or False, got {adapt!r}")
-        check_arguments(adapt_every, adapt_max_batch)
+        adapt_lr = adapt_lr_rule(adapt, adapt_lr)
+        check_arguments(adapt_every, adapt_max_batch, adapt_lr)
         _checks.integer("adapt_seed", adapt_seed, 0)
         if adapt and not scale_lr:
             raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False turns off; "
@@ -154,6 +157,7 @@ class BatchTune(Callback):
         self.adapt = adapt
         self.adapt_every = adapt_every
         self.adapt_max_batch = adapt_max_batch
+        self.adapt_lr = adapt_lr
         self.adapt_seed = adapt_seed
         self.clock = clock
         self.result: Optional[TuneResult] = None
@@ -366,7 +370,7 @@ class BatchTune(Callback):
         batches = _Batches(size, shuffled(loader), self.adapt_seed, trainer.global_rank,
                            trainer.world_size, plan.micro_batch_size, plan.accumulation_steps)
         adapt = LightningAdaptation(plan, self.adapt_every, self.adapt_max_batch, self.clock,
-                                    batches)
+                                    batches, self.adapt_lr)
         if self._fits > 0:
             # Lightning has no out-of-memory recovery: the micro-batch grows up
             # to what the tune saw fit, then the step accumulates.

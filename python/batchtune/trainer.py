@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import _core, _distributed
-from ._adapt import Adaptation, loss_scale_of
+from ._adapt import Adaptation, adapt_lr_rule, loss_scale_of
 from ._memory import oom_count
 from ._step import LossFn, TrainStep, batch_size_of, check_amp_device, slice_batch, to_device
 from .plan import Plan, group_lr_ratios
@@ -40,8 +40,10 @@ class Trainer:
       policy of `batchtune train --adapt`: every `adapt_every` steps the
       global batch may double or halve where goodput (throughput measured
       here x statistical efficiency) says so, up to `adapt_max_batch`
-      (default 32x the plan's), the lr following by the AdaScale gain under
-      the plan's scaling rule, ramped over 20 steps. The noise scale comes
+      (default 32x the plan's), the lr following the plan's scaling rule,
+      ramped over 20 steps, applied to the AdaScale gain (`adapt_lr="gain"`,
+      the default) or to the batch ratio alone (`adapt_lr="batch"`, as
+      `train --adapt-lr batch`). The noise scale comes
       from what the step computes anyway (the first micro-batch against the
       whole batch), or, without accumulation, each step against the previous
       one (one copy of the gradients kept).
@@ -63,7 +65,7 @@ class Trainer:
                  plan: Plan, *, device: Optional[torch.device] = None, group: Optional[Any] = None,
                  scale_lr: bool = True, adapt: bool = False,
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
-                 adapt_max_batch: Optional[int] = None,
+                 adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  clock: Callable[[], float] = time.perf_counter):
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")
@@ -86,11 +88,13 @@ class Trainer:
         check_amp_device(plan.amp, self.device)
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
         self._adapt: Optional[Adaptation] = None
+        lr_rule = adapt_lr_rule(adapt, adapt_lr)
         if adapt:
             if not scale_lr:
                 raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False "
                                   "turns off; drop one of them")
-            self._adapt = Adaptation(self.plan, adapt_every, adapt_max_batch, clock, group)
+            self._adapt = Adaptation(self.plan, adapt_every, adapt_max_batch, clock, group,
+                                     lr_rule)
 
     @property
     def batch_schedule(self) -> List[Dict[str, Any]]:

@@ -33,6 +33,14 @@ BatchChange batch_change_from_json(const nlohmann::json& j) {
   return c;
 }
 
+std::string adapt_lr_name(AdaptLr rule) { return rule == AdaptLr::kBatch ? "batch" : "gain"; }
+
+AdaptLr parse_adapt_lr(const std::string& word) {
+  if (word == "gain") return AdaptLr::kGain;
+  if (word == "batch") return AdaptLr::kBatch;
+  throw OptionError(Option::kAdaptLr, fmt::format("must be gain or batch, got '{}'", word));
+}
+
 double LrRamp::at(int64_t step, double to) const {
   if (start < 0 || step >= start + kAdaptLrRampSteps) return to;
   const double t = static_cast<double>(step - start + 1) / kAdaptLrRampSteps;
@@ -265,6 +273,7 @@ nlohmann::json BatchAdapter::state() const {
   return {{"base_batch", base_batch_},
           {"micro_batch_cap", micro_cap_},
           {"explored_from", explored_from_},
+          {"lr_rule", adapt_lr_name(options_.lr())},
           {"speeds", speeds}};
 }
 
@@ -275,6 +284,15 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
                                   "at {}; resume with the same plan",
                                   mention(Option::kAdapt), state.at("base_batch").get<int64_t>(),
                                   base_batch_));
+  }
+  // A state saved before the rule was kept followed the gain.
+  const std::string rule = state.value("lr_rule", adapt_lr_name(AdaptLr::kGain));
+  if (rule != adapt_lr_name(options_.lr())) {
+    throw OptionError(Option::kResume,
+                      fmt::format("the checkpoint's {} run moved its lr by the {} rule, this one "
+                                  "by the {}; resume with {} {}",
+                                  mention(Option::kAdapt), rule, adapt_lr_name(options_.lr()),
+                                  mention(Option::kAdaptLr), rule));
   }
   micro_cap_ = state.at("micro_batch_cap").get<int64_t>();
   explored_from_ = state.at("explored_from").get<int64_t>();

@@ -46,10 +46,10 @@ class _StepClock:
         return self.now
 
 
-def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every=5):
+def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every=5, **kwargs):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     trainer = batchtune.Trainer(model, optimizer, _loss, plan or _plan(), adapt=True,
-                                adapt_every=every, clock=clock)
+                                adapt_every=every, clock=clock, **kwargs)
     data = _dataset()
     sampler = batchtune.AdaptiveBatchSampler(len(data), trainer, seed=3)
     if state is not None:
@@ -89,6 +89,21 @@ def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch(
     assert trainer.plan.global_batch_size == schedule[-1]["global_batch_size"]
     assert plan.global_batch_size == 16, "the caller's plan is not changed"
     assert trainer.noise_scale is not None
+
+
+def test_the_lr_follows_the_gain_or_by_adapt_lr_the_batch_ratio():
+    """The plan scales by sqrt: under "batch" a change to B takes lr0 x
+    sqrt(B/16) whatever the noise; under "gain" (the default) the noise's
+    share of it, E(B) < 1, makes it smaller."""
+    for rule in ("gain", "batch"):
+        kwargs = {} if rule == "gain" else dict(adapt_lr=rule)
+        trainer, _, _ = _train(_mlp(), 60, _StepClock(), **kwargs)
+        change = trainer.batch_schedule[1]
+        by_ratio = 0.05 * (change["global_batch_size"] / 16) ** 0.5
+        if rule == "batch":
+            assert change["lr"] == pytest.approx(by_ratio, rel=1e-12)
+        else:
+            assert 0.05 <= change["lr"] < by_ratio * (1 - 1e-6), change
 
 
 def test_without_accumulation_every_step_measures_the_noise_against_the_previous_one():
@@ -167,9 +182,17 @@ def test_bad_adapt_arguments_are_refused_naming_them():
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_max_batch=8)
     with pytest.raises(batchtune.Error, match="^adapt:"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, scale_lr=False)
+    with pytest.raises(batchtune.Error, match="^adapt_lr: must be gain or batch, got 'linear'$"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_lr="linear")
+    with pytest.raises(batchtune.Error, match="^adapt_lr: tunes adapt; give adapt=True"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt_lr="batch")
     plain = batchtune.Trainer(model, optimizer, _loss, _plan())
     adapting = batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True)
     with pytest.raises(batchtune.Error, match="^state_dict:"):
         plain.load_state_dict(adapting.state_dict())
+    by_batch = batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_lr="batch")
+    with pytest.raises(batchtune.Error, match="^resume: .* by the gain rule, this one by the "
+                                              "batch; resume with adapt_lr gain$"):
+        by_batch.load_state_dict(adapting.state_dict())
     with pytest.raises(batchtune.Error, match="^dataset_size:"):
         batchtune.AdaptiveBatchSampler(0, adapting)

@@ -254,6 +254,10 @@ def test_bad_adapt_arguments_are_refused_naming_them():
         BatchTune(adapt=True, adapt_seed=-1)
     with pytest.raises(batchtune.Error, match="^adapt: moves the lr"):
         BatchTune(adapt=True, scale_lr=False)
+    with pytest.raises(batchtune.Error, match="^adapt_lr: must be gain or batch, got 'sqrt'$"):
+        BatchTune(adapt=True, adapt_lr="sqrt")
+    with pytest.raises(batchtune.Error, match="^adapt_lr: tunes adapt; give adapt=True"):
+        BatchTune(adapt_lr="gain")
     tuner = BatchTune(memory_limit=LIMIT, adapt=True)
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, max_steps=1,
@@ -281,6 +285,14 @@ def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
     assert len(schedule) >= 2, schedule
     assert schedule[1]["global_batch_size"] > schedule[0]["global_batch_size"]
     assert schedule[1]["noise_scale"] is not None
+
+
+def test_adapt_lr_batch_scales_the_lr_by_the_batch_ratio_alone():
+    tuner, _, _, _ = _fit(100, max_batch=64, target_batch=16, every=5, adapt_lr="batch")
+    start, change = tuner.batch_schedule[:2]
+    ratio = change["global_batch_size"] / start["global_batch_size"]
+    rule = {"linear": ratio, "sqrt": ratio ** 0.5}[tuner.plan.lr_scaling]
+    assert change["lr"] == pytest.approx(start["lr"] * rule, rel=1e-12)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")

@@ -49,6 +49,12 @@ constexpr int64_t kAdaptNoiseEvery = 10;
 /// the plan scales a fixed batch (`--adapt-lr batch`, for comparison).
 enum class AdaptLr { kGain, kBatch };
 
+/// `rule`'s word: "gain" or "batch".
+std::string adapt_lr_name(AdaptLr rule);
+/// The rule `word` names ("gain" or "batch"); throws an `OptionError`
+/// naming `Option::kAdaptLr` otherwise.
+AdaptLr parse_adapt_lr(const std::string& word);
+
 /// How `train --adapt` moves the global batch.
 struct AdaptOptions {
   /// Optimizer steps between decisions (and the window a batch is timed over).
@@ -182,7 +188,8 @@ class BatchAdapter {
   std::optional<BatchChange> decide(int64_t step, int64_t global_batch,
                                     const NoiseScaleEstimator& noise);
 
-  /// What a checkpoint keeps: the speeds, the cap, the trial under way.
+  /// What a checkpoint keeps: the speeds, the cap, the trial under way and
+  /// the lr rule. Loading refuses a state of another start or lr rule.
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state);
 
