@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
@@ -461,6 +463,86 @@ TEST(TokenTrainer, AdaptIsRefusedWithFixedBatchesOrWithoutTheNoiseScale) {
     setup.run(text, TokenTrainOptions().steps(2).measure_noise_scale(false).adapt(true));
   });
   EXPECT_EQ(no_noise.rfind("--adapt:", 0), 0u) << no_noise;
+}
+
+/// The parameters of `workload`'s model, copied.
+std::vector<at::Tensor> weights_of(Workload& workload) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : workload.model().parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
+  TextFolder folder("resume", {16, 64}, 300, 12);
+  TextDataset text(folder.path(), {16, 64});
+  const std::string dir = temp_folder("resume-ckpt");
+  const auto options = [&] {
+    return TokenTrainOptions()
+        .epochs(2)
+        .target_tokens(128)
+        .adapt(true)
+        .adapt_options(AdaptOptions().every(5))
+        .checkpoint_dir(dir)
+        .checkpoint_every(4);
+  };
+  TokenRunSetup whole;
+  const TrainSummary s_whole = whole.run(text, options().checkpoint_dir(""));
+  ASSERT_GE(s_whole.batch_schedule.size(), 2u);
+  const int64_t stop = s_whole.batch_schedule[1].step + 2;  // after a change, mid-window
+
+  TokenRunSetup first;
+  TrainSummary s_first;
+  {
+    InterruptHandler interrupts;
+    s_first = train_by_tokens(
+        first.workload, *first.memory, first.plan, text, options().seed(2).clock(&first.clock),
+        {}, [&](int64_t step) {
+          first.clock.advance(1);
+          if (step == stop - 1) request_interrupt(SIGINT);  // arrives during step `stop`
+        });
+    request_interrupt(0);  // handled: the runs below are not asked to stop
+  }
+  EXPECT_FALSE(s_first.complete);
+  EXPECT_EQ(s_first.interrupted_by, "SIGINT");
+  EXPECT_EQ(s_first.steps, stop) << "it stops after the step under way";
+
+  TokenRunSetup second;
+  std::vector<TrainEvent> events;
+  const TrainSummary s_resumed = second.run(text, options().resume(true), &events);
+  EXPECT_TRUE(s_resumed.complete);
+  EXPECT_EQ(s_resumed.resumed_from_step, stop);
+  EXPECT_EQ(s_resumed.steps, s_whole.steps);
+  EXPECT_EQ(s_resumed.samples, s_whole.samples) << "each sample of both epochs, once each";
+  EXPECT_EQ(s_resumed.tokens, s_whole.tokens);
+  EXPECT_EQ(s_resumed.micro_batches, s_whole.micro_batches);
+  EXPECT_DOUBLE_EQ(s_resumed.epochs, 2.0);
+  ASSERT_EQ(s_resumed.batch_schedule.size(), s_whole.batch_schedule.size());
+  for (size_t i = 0; i < s_whole.batch_schedule.size(); ++i) {
+    EXPECT_EQ(s_resumed.batch_schedule[i].step, s_whole.batch_schedule[i].step) << i;
+    EXPECT_EQ(s_resumed.batch_schedule[i].global_batch_size,
+              s_whole.batch_schedule[i].global_batch_size)
+        << i;
+    EXPECT_DOUBLE_EQ(s_resumed.batch_schedule[i].lr, s_whole.batch_schedule[i].lr) << i;
+  }
+  const auto a = weights_of(whole.workload);
+  const auto b = weights_of(second.workload);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-6)) << i;
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().kind, TrainEvent::Kind::kResumed);
+
+  // The finished run resumed again: its summary, nothing trained.
+  TokenRunSetup third;
+  const TrainSummary again = third.run(text, options().resume(true));
+  EXPECT_TRUE(again.already_finished);
+  EXPECT_EQ(again.steps, s_whole.steps);
+  // Another start of the tokens per step is another run.
+  TokenRunSetup other;
+  const std::string message =
+      error_of([&] { other.run(text, options().target_tokens(256).resume(true)); });
+  EXPECT_EQ(message.rfind("--resume: ", 0), 0u) << message;
+  EXPECT_NE(message.find("--target-tokens 128, this one has 256"), std::string::npos) << message;
+  remove_tree(dir);
 }
 
 }  // namespace

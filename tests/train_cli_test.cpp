@@ -374,6 +374,24 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
       << adapted.output;
   EXPECT_NE(adapted.output.find("change(s) of the global batch (in tokens):"), std::string::npos)
       << adapted.output;
+  // Checkpoints: a finished run resumed trains nothing and says so, with the
+  // plan it was written with (no second quick tune).
+  const std::string ckpt = dir + "-ckpt";
+  const auto saved = run_cli("train" + gpt + " --steps 6 --checkpoint " + ckpt +
+                             " --checkpoint-every 2 --json -");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  EXPECT_EQ(occurrences(saved.output, "checkpoint " + ckpt + "/checkpoint.pt"), 3U)
+      << saved.output;
+  const auto resumed = run_cli("train" + gpt + " --steps 6 --checkpoint " + ckpt +
+                               " --resume --json -");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("plan: from the checkpoint in " + ckpt), std::string::npos)
+      << resumed.output;
+  EXPECT_EQ(resumed.output.find("a quick tune"), std::string::npos) << resumed.output;
+  const auto r = nlohmann::json::parse(resumed.output.substr(resumed.output.find("\n{") + 1));
+  EXPECT_EQ(r["already_finished"], true);
+  EXPECT_EQ(r["steps"], 6);
+  if (std::system(("rm -rf '" + ckpt + "'").c_str()) != 0) ADD_FAILURE() << "rm -rf " << ckpt;
   if (std::system(("rm -rf '" + dir + "'").c_str()) != 0) ADD_FAILURE() << "rm -rf " << dir;
 }
 

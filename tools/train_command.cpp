@@ -72,9 +72,6 @@ struct TrainFlags {
 /// `--batch-size`, fixed batches padded to the longest sequence).
 int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
                    const PlanRequest& request) {
-  if (!flags.checkpoint.empty()) {
-    throw Error("--data text: trains without checkpoints for now; leave out --checkpoint");
-  }
   if (cmd.count("--target-accuracy") > 0 || flags.eval_every > 0 || flags.eval_every_samples > 0) {
     throw Error(fmt::format("{}: --data text has no test split to evaluate; stop at a training "
                             "loss with --target-loss",
@@ -109,16 +106,38 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   out << fmt::format("{} on {}, {} thread(s); data: {}\n", resolved.workload->model().describe(),
                      resolved.memory->device().str(), resolved.threads, text.describe());
   const bool fixed = request.micro_batch_size.has_value() && request.plan_file.empty();
-  if (!fixed && request.plan_file.empty()) {
+  // A resume trains the plan its run was written with: a new quick tune
+  // could plan another token budget, and the checkpoint would be refused.
+  std::optional<Plan> saved;
+  if (flags.resume && !fixed && request.plan_file.empty()) {
+    saved = read_checkpoint_plan(flags.checkpoint);
+  }
+  if (!fixed && request.plan_file.empty() && !saved) {
     out << "no --batch-size or --plan: a quick tune plans the token budget\n" << std::flush;
   }
   ConsoleTuneReporter console(out, ::isatty(STDERR_FILENO) != 0 ? &std::cerr : nullptr);
-  const Plan plan = resolve_plan(request, *resolved.workload, *resolved.memory, text.size(),
-                                 &console, nullptr, [] {
-                                   return interrupt_requested()
-                                              ? std::optional<std::string>(interrupt_name())
-                                              : std::nullopt;
-                                 });
+  Plan plan;
+  try {
+    plan = saved ? *saved
+                 : resolve_plan(request, *resolved.workload, *resolved.memory, text.size(),
+                                &console, nullptr, [] {
+                                  return interrupt_requested()
+                                             ? std::optional<std::string>(interrupt_name())
+                                             : std::nullopt;
+                                });
+  } catch (const Interrupted&) {
+    TrainSummary stopped;
+    stopped.complete = false;
+    stopped.interrupted_by = interrupt_name();
+    out << "interrupted by " << interrupt_name() << " during the quick tune: nothing trained\n";
+    if (!flags.json.empty()) write_json_output(flags.json, to_json(stopped));
+    return interrupt_exit_code();
+  }
+  if (saved) {
+    out << fmt::format("plan: from the checkpoint in {} (a resume trains the plan its run was "
+                       "written with)\n",
+                       flags.checkpoint);
+  }
   print_plan(out, plan);
   if (!fixed && plan.token_budget < 1) {
     throw Error("--plan: this plan has no token_budget; make one with batchtune tune --input "
@@ -136,6 +155,9 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .steps(flags.steps)
           .seed(flags.workload.seed)
           .log_every(flags.log_every)
+          .checkpoint_dir(flags.checkpoint)
+          .checkpoint_every(flags.checkpoint_every)
+          .resume(flags.resume)
           .target_tokens(flags.target_tokens)
           .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
           .pad_to(fixed ? range->max : 0)
@@ -153,7 +175,9 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                              e.step, e.epoch + 1, e.loss, e.lr, e.samples_per_s, e.message);
         } else if (e.kind == TrainEvent::Kind::kOomRecovery ||
                    e.kind == TrainEvent::Kind::kTargetReached ||
-                   e.kind == TrainEvent::Kind::kBatchChange) {
+                   e.kind == TrainEvent::Kind::kBatchChange ||
+                   e.kind == TrainEvent::Kind::kCheckpoint ||
+                   e.kind == TrainEvent::Kind::kResumed) {
           out << e.message << "\n";
         }
         out << std::flush;
@@ -161,7 +185,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   reporter.summary(summary);
   if (flags.memory_summary) out << resolved.memory->summary() << "\n";
   if (!flags.json.empty()) write_json_output(flags.json, to_json(summary));
-  return 0;
+  return summary.complete ? 0 : interrupt_exit_code();
 }
 
 int run_train(const TrainFlags& flags, const CLI::App& cmd) {
@@ -275,7 +299,11 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     throw Error(fmt::format("--target-tokens: must be at least 1, got {}", flags.target_tokens));
   }
   if (text) {
+    // Ctrl-C or SIGTERM stops after the current optimizer step, with a
+    // checkpoint and a summary marked incomplete (a second one ends at once).
     InterruptHandler interrupts;
+    std::optional<CheckpointLock> checkpoint_lock;
+    if (!flags.checkpoint.empty()) checkpoint_lock.emplace(flags.checkpoint);
     return run_train_text(flags, cmd, workload_flags, request);
   }
   if (flags.target_tokens > 0) {

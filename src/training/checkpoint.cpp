@@ -187,6 +187,7 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
       {"summary", record.summary ? to_json(*record.summary) : nlohmann::json()},
   };
   if (record.adapt) meta["adapt"] = *record.adapt;
+  if (record.tokens) meta["tokens"] = *record.tokens;
   if (const auto& kept = record.successive; kept && kept->size > 0) {
     nlohmann::json defined = nlohmann::json::array();
     for (size_t i = 0; i < kept->previous.size(); ++i) {
@@ -281,6 +282,22 @@ std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir) {
   }
 }
 
+std::optional<Plan> read_checkpoint_plan(const std::string& dir) {
+  const std::string path = dir + "/" + kCheckpointFile;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  BudgetAllocator::UncountedScope uncounted;
+  torch::serialize::InputArchive archive;
+  const nlohmann::json meta = load_checked_meta(path, archive);
+  try {
+    return plan_from_json(meta.at("plan"), "--resume " + path);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw not_a_checkpoint(path, first_line(e.what()));
+  }
+}
+
 std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
                                                 const RunIdentity& expected,
                                                 const CheckpointTarget& target) {
@@ -308,6 +325,7 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
     record.plan = plan_from_json(meta.at("plan"), "--resume " + path);
     if (!meta.at("summary").is_null()) record.summary = summary_from_json(meta.at("summary"));
     if (meta.contains("adapt")) record.adapt = meta.at("adapt");
+    if (meta.contains("tokens")) record.tokens = meta.at("tokens");
     param_names = meta.at("parameters").get<std::vector<std::string>>();
     buffer_names = meta.at("buffers").get<std::vector<std::string>>();
   } catch (const Error&) {

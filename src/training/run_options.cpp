@@ -4,11 +4,6 @@ namespace batchtune {
 
 void check_train_options(const TrainOptions& options, bool has_test) {
   check_run_options(options);
-  if (options.checkpoint_every() < 0) {
-    throw OptionError(Option::kCheckpointEvery,
-                      fmt::format("must be 0 (at the end only) or more, got {}",
-                                  options.checkpoint_every()));
-  }
   if (options.eval_every_samples() < 0) {
     throw OptionError(Option::kEvalEverySamples,
                       fmt::format("must be 0 (epoch ends only) or more, got {}",
@@ -32,10 +27,6 @@ void check_train_options(const TrainOptions& options, bool has_test) {
                         "needs a test split to evaluate on (" + mention(Option::kData) +
                             " fashion-mnist, or an image folder with a test/ sub-folder)");
     }
-  }
-  if (options.resume() && options.checkpoint_dir().empty()) {
-    throw OptionError(Option::kResume,
-                      "needs " + mention(Option::kCheckpoint) + " DIR to resume from");
   }
 }
 

@@ -15,8 +15,8 @@
 namespace batchtune {
 
 /// Throws an `OptionError` for the options of `options` that no run takes:
-/// no epoch and no step, a negative log interval, a target loss that is no
-/// loss, `--adapt` with the noise scale off.
+/// no epoch and no step, a negative log or checkpoint interval, a resume
+/// without a checkpoint, `--adapt` with the noise scale off.
 template <typename RunOptions>
 void check_run_options(const RunOptions& options) {
   if (options.epochs() < 0 || options.steps() < 0 ||
@@ -29,6 +29,15 @@ void check_run_options(const RunOptions& options) {
     throw OptionError(Option::kLogEvery,
                       fmt::format("must be 0 (none) or more, got {}", options.log_every()));
   }
+  if (options.checkpoint_every() < 0) {
+    throw OptionError(Option::kCheckpointEvery,
+                      fmt::format("must be 0 (at the end only) or more, got {}",
+                                  options.checkpoint_every()));
+  }
+  if (options.resume() && options.checkpoint_dir().empty()) {
+    throw OptionError(Option::kResume,
+                      "needs " + mention(Option::kCheckpoint) + " DIR to resume from");
+  }
   if (options.adapt() && !options.measure_noise_scale()) {
     throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +
                                           mention(Option::kNoiseScale) +
@@ -37,8 +46,8 @@ void check_run_options(const RunOptions& options) {
 }
 
 /// `check_run_options`, and those only the image trainer takes: the
-/// checkpoint and evaluation intervals, the target accuracy (a fraction, and
-/// a test split to reach it on, `has_test`), a resume without a checkpoint.
+/// evaluation intervals, the target accuracy (a fraction, and a test split
+/// to reach it on, `has_test`).
 void check_train_options(const TrainOptions& options, bool has_test);
 
 }  // namespace batchtune

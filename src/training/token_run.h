@@ -1,5 +1,6 @@
 // The run behind `train_by_tokens` (see token_trainer.h), private to the
-// training layer: token_trainer.cpp trains, token_run_events.cpp reports.
+// training layer: token_trainer.cpp trains, token_run_events.cpp reports,
+// token_run_checkpoint.cpp writes and reads its checkpoints.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "batchtune/common/clock.h"
@@ -17,6 +19,9 @@
 #include "batchtune/training/token_trainer.h"
 
 namespace batchtune {
+
+struct AdaptCheckpoint;
+struct RunIdentity;
 
 /// One token-budget run: the epochs' micro-batches grouped into optimizer
 /// steps by their real tokens, trained with out-of-memory recovery, and
@@ -47,6 +52,18 @@ class TokenRun {
   void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
   /// True when the moving mean loss reached `--target-loss`.
   bool reached_target(double loss);
+  /// What a checkpoint must match to be resumed.
+  RunIdentity run_identity() const;
+  /// `--adapt`'s state, as checkpoints keep it (adapt_checkpoint.h).
+  AdaptCheckpoint adapt_checkpoint();
+  /// Writes the checkpoint; `summary` when the run is finished.
+  void save_checkpoint(const std::optional<TrainSummary>& summary = std::nullopt);
+  /// `resume`: continues from the checkpoint when there is one (the rest of
+  /// its epoch in `resumed_rest_`); returns the summary of a run that was
+  /// already finished.
+  std::optional<TrainSummary> resume();
+  /// The summary at the end of this run (`interrupted_by` empty: complete).
+  TrainSummary finish(const std::string& interrupted_by);
   void emit(TrainEvent event) const {
     if (callback_) callback_(event);
   }
@@ -78,6 +95,11 @@ class TokenRun {
   size_t next_ = 0;
   int64_t epoch_samples_ = 0;
   double start_s_ = 0;
+  /// A resume: the rest of the epoch it stopped in, to train first; and the
+  /// counts it started this run from (rates are this run's).
+  std::optional<std::vector<TokenBatch>> resumed_rest_;
+  int64_t start_samples_ = 0;
+  int64_t start_tokens_ = 0;
   double loss_since_log_ = 0;
   int64_t steps_since_log_ = 0;
   std::deque<double> window_;  // the last `loss_window` steps' losses

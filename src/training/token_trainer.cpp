@@ -11,6 +11,7 @@
 
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
+#include "batchtune/common/interrupt.h"
 #include "batchtune/common/option.h"
 #include "batchtune/common/size.h"
 #include "batchtune/data/token_batches.h"
@@ -241,15 +242,29 @@ void TokenRun::adapt() {
 
 TrainSummary TokenRun::run() {
   start_s_ = clock_.now_s();
+  if (options_.resume()) {
+    if (std::optional<TrainSummary> finished = resume()) return *finished;
+    if (adapter_) adapter_->restart_window(0, summary_.tokens);
+  }
+  start_samples_ = summary_.samples;
+  start_tokens_ = summary_.tokens;
   const int64_t epochs =
       options_.steps() > 0 ? std::numeric_limits<int64_t>::max() : options_.epochs();
   const auto steps_done = [&] { return options_.steps() > 0 && summary_.steps >= options_.steps(); };
-  for (epoch_ = 0; epoch_ < epochs; ++epoch_) {
-    micro_ = fixed_ ? fixed_batches(lengths_, options_.fixed_batch_size(), pad_to_,
-                                    options_.seed(), epoch_)
-                    : sampler_->epoch(epoch_);
+  const bool checkpoints = !options_.checkpoint_dir().empty();
+  std::string interrupted_by;
+  for (; epoch_ < epochs; ++epoch_) {
+    if (resumed_rest_) {
+      // The epoch a resume stopped in: the micro-batches it had left.
+      micro_ = std::move(*resumed_rest_);
+      resumed_rest_.reset();
+    } else {
+      micro_ = fixed_ ? fixed_batches(lengths_, options_.fixed_batch_size(), pad_to_,
+                                      options_.seed(), epoch_)
+                      : sampler_->epoch(epoch_);
+      epoch_samples_ = 0;
+    }
     next_ = 0;
-    epoch_samples_ = 0;
     while (next_ < micro_.size() && !steps_done()) {
       // One optimizer step: micro-batches until they hold the target tokens.
       std::vector<TokenBatch> group = next_group();
@@ -284,19 +299,40 @@ TrainSummary TokenRun::run() {
         adapter_->start_timing(clock_.now_s() - start_s_, summary_.tokens);
       }
       if (adapter_ && summary_.steps % adapter_->options().every() == 0) adapt();
+      if (interrupt_requested()) {
+        interrupted_by = interrupt_name();
+        break;
+      }
+      if (checkpoints && options_.checkpoint_every() > 0 &&
+          summary_.steps % options_.checkpoint_every() == 0 && !steps_done()) {
+        save_checkpoint();
+      }
     }
     // Whole epochs, and the share of the last one that ran.
     summary_.epochs = static_cast<double>(epoch_) +
                       (lengths_.empty() ? 1.0
                                         : static_cast<double>(epoch_samples_) /
                                               static_cast<double>(lengths_.size()));
-    if (steps_done() || summary_.target_reached) break;
+    if (steps_done() || !interrupted_by.empty() || summary_.target_reached) break;
   }
+  TrainSummary s = finish(interrupted_by);
+  if (checkpoints) {
+    // The last checkpoint: a finished run's holds its summary.
+    save_checkpoint(s.complete ? std::optional<TrainSummary>(s) : std::nullopt);
+  }
+  return s;
+}
+
+TrainSummary TokenRun::finish(const std::string& interrupted_by) {
   memory_.synchronize();
   TrainSummary& s = summary_;
+  s.complete = interrupted_by.empty();
+  s.interrupted_by = interrupted_by;
   s.seconds = clock_.now_s() - start_s_;
-  s.samples_per_s = s.seconds > 0 ? static_cast<double>(s.samples) / s.seconds : 0;
-  s.tokens_per_s = s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0;
+  // Rates of this run, a resume's earlier steps left out.
+  s.samples_per_s =
+      s.seconds > 0 ? static_cast<double>(s.samples - start_samples_) / s.seconds : 0;
+  s.tokens_per_s = s.seconds > 0 ? static_cast<double>(s.tokens - start_tokens_) / s.seconds : 0;
   s.token_budget = fixed_ ? 0 : budget_;
   s.target_tokens = target_tokens_;  // 0: fixed batches, a set count a step
   s.micro_batch_size = fixed_ ? options_.fixed_batch_size() : plan_.micro_batch_size;

@@ -14,6 +14,7 @@
 #include "batchtune/data/input_spec.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
+#include "adapt_checkpoint.h"
 
 namespace batchtune {
 
@@ -32,6 +33,10 @@ RunIdentity Trainer::run_identity() const {
   return id;
 }
 
+AdaptCheckpoint Trainer::adapt_checkpoint() {
+  return {schedule_, *adapter_, training_step_.noise_scale().estimator(), ramp_};
+}
+
 void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
   if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
   CheckpointRecord record;
@@ -40,13 +45,7 @@ void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
   record.plan = plan_;
   record.summary = summary;
   if (adapter_) {
-    nlohmann::json schedule = nlohmann::json::array();
-    for (const auto& change : schedule_) schedule.push_back(to_json(change));
-    record.adapt = nlohmann::json{{"batch_schedule", schedule},
-                                  {"policy", adapter_->state()},
-                                  {"noise", training_step_.noise_scale().estimator().state()},
-                                  {"lr_ramp_from", ramp_.from},
-                                  {"lr_ramp_start", ramp_.start}};
+    record.adapt = adapt_checkpoint().save();
     if (training_step_.successive().holding()) {
       record.successive = training_step_.successive().state();
     }
@@ -75,36 +74,12 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
                                   path, mention(Option::kAdapt), mention(Option::kAdapt)));
   }
   if (record->adapt) {
-    try {
-      const nlohmann::json& adapt = *record->adapt;
-      schedule_.clear();
-      for (const auto& entry : adapt.at("batch_schedule")) {
-        schedule_.push_back(batch_change_from_json(entry));
-        if (schedule_.size() > 1) cursor_.change(schedule_.back().step, schedule_.back().global_batch_size);
-      }
-      adapter_->load_state(adapt.at("policy"));
-      training_step_.noise_scale().estimator().load_state(adapt.at("noise"));
-      ramp_.from = adapt.at("lr_ramp_from").get<double>();
-      ramp_.start = adapt.at("lr_ramp_start").get<int64_t>();
-      if (record->successive) {
-        // Onto the device, counted as the training's memory.
-        SuccessiveGradients::State state = *record->successive;
-        const c10::Device device = memory_.device();
-        for (at::Tensor& t : state.previous) {
-          if (t.defined()) t = t.to(device).clone();
-        }
-        state.sq_norm = state.sq_norm.to(device).clone();
-        if (state.loss_scale.defined()) state.loss_scale = state.loss_scale.to(device).clone();
-        training_step_.successive().load_state(std::move(state));
-      }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw OptionError(Option::kResume,
-                        fmt::format("{} has an unreadable {} state ({}); start afresh in another "
-                                    "{} directory",
-                                    path, mention(Option::kAdapt), first_line(e.what()),
-                                    mention(Option::kCheckpoint)));
+    adapt_checkpoint().load(*record->adapt, path);
+    for (size_t i = 1; i < schedule_.size(); ++i) {
+      cursor_.change(schedule_[i].step, schedule_[i].global_batch_size);
+    }
+    if (record->successive) {
+      training_step_.successive().load_state(on_device(*record->successive, memory_.device()));
     }
     // The plan as it stood: the schedule's batch and lr, any smaller
     // micro-batch an out-of-memory forced.

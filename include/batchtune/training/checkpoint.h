@@ -61,6 +61,10 @@ struct CheckpointRecord {
   /// scale against the next step's (host tensors when read). Tensors
   /// `noise/previous/I`, `noise/previous_sq_norm`, `noise/previous_scale`.
   std::optional<SuccessiveGradients::State> successive;
+  /// Text trained by a token budget (`train_by_tokens`): the rest of the
+  /// epoch's micro-batches, the tokens per step and the budget as they
+  /// stand, and the token counts so far; nullopt for other runs. JSON `tokens`.
+  std::optional<nlohmann::json> tokens;
 };
 
 /// What a checkpoint writes and reads: the model, its optimizer and loss scaler.
@@ -98,6 +102,11 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
 /// none), checked as `read_checkpoint` checks the file: a resume trains at
 /// the precision the run was written with, never a new measurement.
 std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir);
+
+/// The plan recorded in `dir/checkpoint.pt` (nullopt when there is none),
+/// checked as `read_checkpoint_identity` checks the file: a text run resumes
+/// with the plan it was written with, never a new quick tune.
+std::optional<Plan> read_checkpoint_plan(const std::string& dir);
 
 /// Throws `batchtune::Error` naming the first field where `saved` (read from
 /// `path`) and `expected` differ, and the flag that sets it.

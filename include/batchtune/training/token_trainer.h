@@ -44,6 +44,15 @@ struct TokenTrainOptions {
   /// Optimizer steps in the moving mean `target_loss` is checked against: a
   /// few, so that one lucky batch does not end the run.
   TORCH_ARG(int64_t, loss_window) = 10;
+  /// Directory of `checkpoint.pt`; empty for no checkpoints. A checkpoint
+  /// holds the weights, the optimizer, the rest of the epoch's micro-batches
+  /// and the token counts, so that a resume trains the same steps on.
+  TORCH_ARG(std::string, checkpoint_dir) = "";
+  /// A checkpoint every this many optimizer steps (and always at the end,
+  /// or when interrupted); 0 for the end only.
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  /// Continue from the checkpoint in `checkpoint_dir` when there is one.
+  TORCH_ARG(bool, resume) = false;
   /// The clock training time is read from (a fake in tests); null for the
   /// steady clock.
   TORCH_ARG(ClockPointer, clock) = nullptr;
@@ -72,8 +81,11 @@ struct TokenTrainOptions {
 /// of the step split in two, so the same samples and tokens make the same
 /// step; later micro-batches follow the smaller budget. With `target_loss`
 /// it stops once the moving mean loss reaches it (the summary's target
-/// fields say where). Throws
-/// `batchtune::Error` when a single sample does not fit.
+/// fields say where). With `checkpoint_dir` it writes checkpoints, and
+/// `resume` continues from one; an interrupt (`interrupt_requested()`,
+/// polled after each optimizer step) ends the run with a checkpoint and a
+/// summary marked incomplete. Throws `batchtune::Error` when a single sample
+/// does not fit, or a checkpoint does not match this run.
 ///
 /// Example:
 /// ```

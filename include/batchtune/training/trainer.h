@@ -18,6 +18,7 @@
 
 namespace batchtune {
 
+struct AdaptCheckpoint;
 class DeviceMemory;
 class Workload;
 struct RunIdentity;
@@ -273,6 +274,8 @@ class Trainer {
   bool adapt_batch();
   /// Trains at `change` from now on (the plan, the step, the cursor).
   void apply_change(const BatchChange& change);
+  /// `--adapt`'s state, as checkpoints keep it (adapt_checkpoint.h).
+  AdaptCheckpoint adapt_checkpoint();
   /// The optimizer steps the run takes in all, at the global batch as it stands.
   int64_t planned_steps() const;
 
