@@ -68,6 +68,17 @@ struct TrainFlags {
   std::string json;
 };
 
+/// An interrupt during the quick tune: says so, writes the summary of a
+/// run that trained nothing to `json` (when given), and returns the exit code.
+int interrupted_during_tune(std::ostream& out, const std::string& json) {
+  TrainSummary stopped;
+  stopped.complete = false;
+  stopped.interrupted_by = interrupt_name();
+  out << "interrupted by " << interrupt_name() << " during the quick tune: nothing trained\n";
+  if (!json.empty()) write_json_output(json, to_json(stopped));
+  return interrupt_exit_code();
+}
+
 /// `--data text:DIR`: byte tokens by the plan's token budget (or, with
 /// `--batch-size`, fixed batches padded to the longest sequence).
 int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
@@ -126,12 +137,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                                              : std::nullopt;
                                 });
   } catch (const Interrupted&) {
-    TrainSummary stopped;
-    stopped.complete = false;
-    stopped.interrupted_by = interrupt_name();
-    out << "interrupted by " << interrupt_name() << " during the quick tune: nothing trained\n";
-    if (!flags.json.empty()) write_json_output(flags.json, to_json(stopped));
-    return interrupt_exit_code();
+    return interrupted_during_tune(out, flags.json);
   }
   if (saved) {
     out << fmt::format("plan: from the checkpoint in {} (a resume trains the plan its run was "
@@ -380,12 +386,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                                        : std::nullopt;
         }));
   } catch (const Interrupted&) {
-    TrainSummary stopped;
-    stopped.complete = false;
-    stopped.interrupted_by = interrupt_name();
-    out << "interrupted by " << interrupt_name() << " during the quick tune: nothing trained\n";
-    if (!flags.json.empty() && job.primary()) write_json_output(flags.json, to_json(stopped));
-    return interrupt_exit_code();
+    return interrupted_during_tune(out, job.primary() ? flags.json : "");
   }
   if (!amp_from_checkpoint.empty()) plan.set_reason(PlanField::kAmp, amp_from_checkpoint);
   print_plan(out, plan);

@@ -268,21 +268,14 @@ nlohmann::json load_checked_meta(const std::string& path,
 
 }  // namespace
 
-std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir) {
-  const std::string path = dir + "/" + kCheckpointFile;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  BudgetAllocator::UncountedScope uncounted;
-  torch::serialize::InputArchive archive;
-  const nlohmann::json meta = load_checked_meta(path, archive);
-  try {
-    return identity_from_json(meta.at("identity"));
-  } catch (const std::exception& e) {
-    throw not_a_checkpoint(path, first_line(e.what()));
-  }
-}
+namespace {
 
-std::optional<Plan> read_checkpoint_plan(const std::string& dir) {
+/// `read(meta, path)` over the checked metadata of `dir/checkpoint.pt`;
+/// nullopt when there is none. What `read` cannot find makes the file "not
+/// a checkpoint".
+template <typename Read>
+auto read_meta_field(const std::string& dir, Read read)
+    -> std::optional<decltype(read(nlohmann::json(), std::string()))> {
   const std::string path = dir + "/" + kCheckpointFile;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
@@ -290,12 +283,26 @@ std::optional<Plan> read_checkpoint_plan(const std::string& dir) {
   torch::serialize::InputArchive archive;
   const nlohmann::json meta = load_checked_meta(path, archive);
   try {
-    return plan_from_json(meta.at("plan"), "--resume " + path);
+    return read(meta, path);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
     throw not_a_checkpoint(path, first_line(e.what()));
   }
+}
+
+}  // namespace
+
+std::optional<RunIdentity> read_checkpoint_identity(const std::string& dir) {
+  return read_meta_field(dir, [](const nlohmann::json& meta, const std::string&) {
+    return identity_from_json(meta.at("identity"));
+  });
+}
+
+std::optional<Plan> read_checkpoint_plan(const std::string& dir) {
+  return read_meta_field(dir, [](const nlohmann::json& meta, const std::string& path) {
+    return plan_from_json(meta.at("plan"), "--resume " + path);
+  });
 }
 
 std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
