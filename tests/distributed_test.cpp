@@ -380,6 +380,27 @@ TEST(DataParallel, APlanForTwoProcessesNeedsTwo) {
             std::string::npos);
 }
 
+TEST(DataParallel, TheRanksMeasureTheNoiseAtEveryStepAndNoStepIsSplit) {
+  // No accumulation (a micro-batch of 16 per rank): one process would split
+  // step 0 in halves to measure the noise; two ranks measure every step.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const auto data = toy_data({12}, kSamples, 4, 5);
+  for (const bool adapt : {false, true}) {
+    Workload w = ddp_workload();
+    const Plan plan = make_plan(
+        PlanOptions().micro_batch_size(16).target_batch(32).world_size(2).optimizer("sgd"));
+    ASSERT_EQ(plan.accumulation_steps, 1);
+    Trainer trainer(w, *memory, plan, *data, nullptr,
+                    TrainOptions().steps(3).adapt(adapt).adapt_options(
+                        AdaptOptions().every(100)));
+    ScriptedPeer peer(0);
+    trainer.set_communicator(&peer);
+    trainer.run();
+    trainer.noise_scale().noise_scale();  // reads what is queued
+    EXPECT_EQ(trainer.noise_scale().estimator().measurements(), 3) << "adapt " << adapt;
+  }
+}
+
 TEST(DataParallel, TwoRanksMatchOneProcessOnTheWholeBatchAndSeeEachSampleOnce) {
   if (!distributed_backend_compiled()) GTEST_SKIP() << "no c10d backend in this build";
   const std::string dir = fresh_dir("equal");

@@ -42,9 +42,9 @@ void TrainingStep::set_micro_batch_size(int64_t micro_batch_size) {
   options_.micro_batch_size(micro_batch_size);
 }
 
-void TrainingStep::set_noise_from_successive_steps(bool on) {
-  options_.noise_from_successive_steps(on);
-  if (!on) successive_.reset();
+void TrainingStep::set_noise_from_ranks(bool on) {
+  options_.noise_from_ranks(on);
+  if (on) successive_.reset();  // no step is measured against the previous one
 }
 
 at::Tensor TrainingStep::backward(const Batch& batch, int64_t step_index, double* data_seconds) {
@@ -53,14 +53,14 @@ at::Tensor TrainingStep::backward(const Batch& batch, int64_t step_index, double
     const int64_t micro = options_.micro_batch_size() > 0 ? options_.micro_batch_size()
                                                           : batch.size();
     if (options_.measure_noise_scale() && options_.noise_from_successive_steps() &&
-        micro >= batch.size()) {
+        !options_.noise_from_ranks() && micro >= batch.size()) {
       at::Tensor loss = accumulate(batch, data_seconds);
       measure_successive(static_cast<double>(batch.size()));
       return loss;
     }
     successive_.reset();
     const int64_t small =
-        options_.measure_noise_scale()
+        options_.measure_noise_scale() && (!options_.noise_from_ranks() || micro < batch.size())
             ? NoiseScaleTracker::small_batch(step_index, batch.size(), micro,
                                            options_.noise_scale_every())
             : 0;

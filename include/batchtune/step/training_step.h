@@ -37,6 +37,11 @@ struct StepOptions {
   /// instead (`SuccessiveGradients`: no split, one copy of the gradients
   /// kept). Not under data parallelism, whose ranks measure each step.
   TORCH_ARG(bool, noise_from_successive_steps) = false;
+  /// Data parallel: the ranks measure every step (this rank's gradient
+  /// against the all-reduced one, added by the trainer), so no step is split
+  /// in halves or measured against the previous one; a step that
+  /// accumulates still measures its first micro-batch, which costs nothing.
+  TORCH_ARG(bool, noise_from_ranks) = false;
 };
 
 /// The training step, once, for everything that runs one: the trial runner
@@ -93,9 +98,8 @@ class TrainingStep {
 
   const StepOptions& options() const { return options_; }
   int64_t micro_batch_size() const { return options_.micro_batch_size(); }
-  /// Whether steps without accumulation measure against the previous one
-  /// (`StepOptions::noise_from_successive_steps`); off drops the kept copy.
-  void set_noise_from_successive_steps(bool on);
+  /// Whether the ranks measure each step (`StepOptions::noise_from_ranks`).
+  void set_noise_from_ranks(bool on);
   /// After an out-of-memory: the next steps run smaller micro-batches.
   void set_micro_batch_size(int64_t micro_batch_size);
   LossScaler& scaler() { return scaler_; }

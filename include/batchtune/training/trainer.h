@@ -216,11 +216,10 @@ class Trainer {
   /// Trains data-parallel with the other ranks of `communicator` (which
   /// must outlive the run); the plan's world_size must be its world size.
   /// Under data parallelism the ranks measure the noise scale at every
-  /// step, so successive steps no longer do.
+  /// step, so no step is split or measured against the previous one.
   void set_communicator(Communicator* communicator) {
     data_parallel_ = DataParallel(communicator);
-    training_step_.set_noise_from_successive_steps(options_.adapt() &&
-                                                   !data_parallel_.distributed());
+    training_step_.set_noise_from_ranks(data_parallel_.distributed());
   }
   const DataParallel& data_parallel() const { return data_parallel_; }
 
