@@ -18,10 +18,16 @@ void run_at(BatchAdapter& adapter, int64_t batch, double samples_per_s) {
 TEST(BatchAdapter, ANegativeNoiseEstimateCountsAsNoNoise) {
   // An early estimate below 0 (a difference of noisy norms) is no noise: a
   // larger batch is no more efficient, and the decision does not fail.
-  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().min_global_batch(64));
   adapter.observe(64, 1.0, 6400);
   EXPECT_FALSE(adapter.decide(50, 64, -0.8, 10).has_value());
   EXPECT_FALSE(adapter.decide(100, 64, -0.8, 10, NoiseInterval{0, 0}).has_value());
+  // Below the start, a smaller batch is twice as efficient: tried.
+  BatchAdapter below(64, 1e-3, LrScaling::kSqrt, 1);
+  below.observe(64, 1.0, 6400);
+  const auto tried = below.decide(50, 64, -0.8, 10);
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(tried->global_batch_size, 32);
 }
 
 TEST(BatchAdapter, AWindowTimesItsBatchUnlessAnOutOfMemoryChangedTheMicroBatchInIt) {
@@ -74,7 +80,8 @@ TEST(BatchAdapter, WaitsForEnoughNoiseMeasurements) {
 }
 
 TEST(BatchAdapter, TriesALargerBatchOnceAndGoesBackWhenItIsNotFaster) {
-  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  // Never below the start: the larger batch alone is weighed.
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().min_global_batch(64));
   run_at(adapter, 64, 1000);
   const auto tried = adapter.decide(50, 64, 100.0, 10);
   ASSERT_TRUE(tried);
@@ -101,7 +108,8 @@ TEST(BatchAdapter, KeepsTheLargerBatchWhenItsGoodputIsHigher) {
 }
 
 TEST(BatchAdapter, GrowsToAMeasuredLargerBatchOnlyOnceTheNoiseScaleMakesItWorthIt) {
-  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1);
+  // Never below the start: the larger batch alone is weighed.
+  BatchAdapter adapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().min_global_batch(64));
   run_at(adapter, 64, 1000);
   run_at(adapter, 128, 1200);  // 1.2x faster per sample
   // Noise scale 50: E(128) = 114 / 178 = 0.64, goodput 769 < 1000.
@@ -139,6 +147,57 @@ TEST(BatchAdapter, NeverLeavesItsBounds) {
   run_at(bigger, 128, 10000);
   const auto change = bigger.decide(50, 128, 1.0, 10);
   EXPECT_TRUE(!change || change->global_batch_size >= 64);
+}
+
+TEST(BatchAdapter, ShrinksAStartTooLargeForTheNoiseUntilTheSpeedLostOutweighsTheEfficiency) {
+  // A tune's throughput-golden 512 early in training (noise scale 300), at
+  // this CPU's speeds: 512 9000, 256 8600, 128 8000, 64 6600 samples/s.
+  BatchAdapter adapter(512, 1e-3, LrScaling::kSqrt, 1);
+  EXPECT_EQ(adapter.min_global_batch(), 512 / kDefaultAdaptGrowth);
+  run_at(adapter, 512, 9000);
+  // 256 not run yet: at 512's speed its efficiency (812/556 = 1.46x) wins.
+  const auto tried = adapter.decide(50, 512, 300.0, 10);
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(tried->global_batch_size, 256);
+  EXPECT_NE(tried->reason.find("trying global batch 256"), std::string::npos) << tried->reason;
+  EXPECT_LT(tried->lr, 1e-3) << "a smaller batch, a smaller lr";
+  run_at(adapter, 256, 8600);
+  EXPECT_FALSE(adapter.decide(100, 256, 300.0, 15)) << "256 measured better: it stays";
+  const auto smaller = adapter.decide(150, 256, 300.0, 20);
+  ASSERT_TRUE(smaller);
+  EXPECT_EQ(smaller->global_batch_size, 128);
+  run_at(adapter, 128, 8000);
+  EXPECT_FALSE(adapter.decide(200, 128, 300.0, 25)) << "128: 8000 x 1.90 against 8600 x 1.46";
+  const auto to_64 = adapter.decide(250, 128, 300.0, 30);
+  ASSERT_TRUE(to_64);
+  EXPECT_EQ(to_64->global_batch_size, 64);
+  run_at(adapter, 64, 6600);
+  // 64: 6600 x 2.23 = 14,723 against 128's 8000 x 1.90 = 15,177: back.
+  const auto back = adapter.decide(300, 64, 300.0, 35);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->global_batch_size, 128);
+  EXPECT_NE(back->reason.find("back to 128 after trying 64"), std::string::npos) << back->reason;
+  EXPECT_FALSE(adapter.decide(350, 128, 300.0, 40)) << "both neighbours measured worse";
+  // --adapt-min-batch at the start: never below it.
+  BatchAdapter floor(512, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().min_global_batch(512));
+  run_at(floor, 512, 9000);
+  const auto up = floor.decide(50, 512, 300.0, 10);
+  ASSERT_TRUE(up) << "1024 could run up to twice as fast: tried";
+  EXPECT_EQ(up->global_batch_size, 1024);
+}
+
+TEST(BatchAdapter, UnderAMicroBatchCapAShrinkMovesTheAccumulationWithoutATry) {
+  // 256 as 4 micro-batches of 64: 128 is 2 of them, at today's speed and
+  // more efficient (noise scale 100: 356/228 = 1.56x), so it is taken at once.
+  BatchAdapter adapter(256, 1e-3, LrScaling::kSqrt, 1);
+  adapter.cap_micro_batch(64);
+  run_at(adapter, 256, 1000);
+  const auto change = adapter.decide(50, 256, 100.0, 10);
+  ASSERT_TRUE(change);
+  EXPECT_EQ(change->global_batch_size, 128);
+  EXPECT_EQ(change->micro_batch_size, 64);
+  EXPECT_EQ(change->accumulation_steps, 2);
+  EXPECT_EQ(change->reason.find("trying"), std::string::npos) << change->reason;
 }
 
 TEST(BatchAdapter, TheLrFollowsTheAdaScaleGainUnderThePlansRule) {
@@ -261,6 +320,17 @@ TEST(BatchAdapter, BadOptionsAreRefusedNamingTheFlag) {
             }).rfind("--adapt-max-batch:", 0),
             0u);
   EXPECT_EQ(message([] { BatchAdapter(63, 1e-3, LrScaling::kSqrt, 2); }).rfind("--adapt:", 0), 0u);
+  EXPECT_EQ(message([] {
+              BatchAdapter(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().min_global_batch(65));
+            }),
+            "--adapt-min-batch: 65 must be a multiple of the world size 1 and at most the "
+            "starting global batch 64");
+  EXPECT_EQ(message([] {
+              BatchAdapter(64, 1e-3, LrScaling::kSqrt, 2, AdaptOptions().min_global_batch(5));
+            }).rfind("--adapt-min-batch: 5 must be a multiple of the world size 2", 0),
+            0u);
+  EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().min_global_batch(-2)); }),
+            "--adapt-min-batch: must be 0 (for the starting batch / 32) or more, got -2");
   // The options on their own, before any batch is known (a front end's early check).
   EXPECT_EQ(message([] { check_adapt_options(AdaptOptions().max_global_batch(-1)); }),
             "--adapt-max-batch: must be 0 (for 32 x the starting batch) or more, got -1");

@@ -403,7 +403,7 @@ TEST(TokenTrainer, AdaptGrowsTheTokensPerStepFromTheNextStepTrainingEverySampleO
   const TrainSummary s = setup.run(
       text,
       TokenTrainOptions().epochs(1).target_tokens(128).log_every(1).adapt(true).adapt_options(
-          AdaptOptions().every(5)),
+          AdaptOptions().every(5).min_global_batch(128)),  // growth alone
       &events);
 
   ASSERT_GE(s.batch_schedule.size(), 2u) << "more tokens a step, as fast a step, are taken";

@@ -64,6 +64,7 @@ struct TrainFlags {
   bool adapt = false;
   int64_t adapt_every = kDefaultAdaptEvery;
   int64_t adapt_max_batch = 0;
+  int64_t adapt_min_batch = 0;
   std::string adapt_lr = "gain";
   std::string json;
 };
@@ -174,6 +175,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .adapt_options(AdaptOptions()
                              .every(flags.adapt_every)
                              .max_global_batch(flags.adapt_max_batch)
+                             .min_global_batch(flags.adapt_min_batch)
                              .lr(parse_adapt_lr(flags.adapt_lr))),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
@@ -245,7 +247,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                   "stop at --target-accuracy");
     }
   }
-  for (const char* flag : {"--adapt-every", "--adapt-max-batch", "--adapt-lr"}) {
+  for (const char* flag : {"--adapt-every", "--adapt-max-batch", "--adapt-min-batch",
+                           "--adapt-lr"}) {
     if (cmd.count(flag) > 0 && !flags.adapt) {
       throw Error(fmt::format("{}: tunes --adapt; add --adapt, or leave it out", flag));
     }
@@ -259,6 +262,11 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
     throw Error(fmt::format("--adapt-max-batch: must be in [0, {}] samples (0: {} x the starting "
                             "batch), got {}",
                             kMaxPlanCount, kDefaultAdaptGrowth, flags.adapt_max_batch));
+  }
+  if (flags.adapt_min_batch < 0 || flags.adapt_min_batch > kMaxPlanCount) {
+    throw Error(fmt::format("--adapt-min-batch: must be in [0, {}] samples (0: the starting "
+                            "batch / {}), got {}",
+                            kMaxPlanCount, kDefaultAdaptGrowth, flags.adapt_min_batch));
   }
   if (flags.adapt && flags.no_noise_scale) {
     throw Error("--adapt: follows the gradient noise scale, which --no-noise-scale turns off; "
@@ -409,6 +417,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .adapt_options(AdaptOptions()
                                          .every(flags.adapt_every)
                                          .max_global_batch(flags.adapt_max_batch)
+                                         .min_global_batch(flags.adapt_min_batch)
                                          .lr(parse_adapt_lr(flags.adapt_lr)))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
@@ -494,7 +503,8 @@ CommandRun add_train_command(CLI::App& app) {
                 "step in 50 into two halves)");
   cmd->add_flag("--adapt", flags->adapt,
                 "adapt the global batch and lr to the gradient noise scale as training goes: "
-                "starts at the plan's (or --batch-size's) batch, grows where goodput says "
+                "starts at the plan's (or --batch-size's) batch, shrinks or grows where "
+                "goodput says "
                 "(the JSON's batch_schedule); with --data text:DIR, the real tokens per step "
                 "from --target-tokens");
   cmd->add_option("--adapt-every", flags->adapt_every,
@@ -503,6 +513,11 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--adapt-max-batch", flags->adapt_max_batch,
                   fmt::format("--adapt: the largest global batch, in tokens for --data text "
                               "(0: {} x the starting batch, within the data)",
+                              kDefaultAdaptGrowth));
+  cmd->add_option("--adapt-min-batch", flags->adapt_min_batch,
+                  fmt::format("--adapt: the smallest global batch, in tokens for --data text "
+                              "(0: the starting batch / {}; the starting batch itself: never "
+                              "below it)",
                               kDefaultAdaptGrowth));
   cmd->add_option("--adapt-lr", flags->adapt_lr,
                   "--adapt: what the lr of a new global batch follows, under the plan's rule "

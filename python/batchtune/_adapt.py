@@ -18,15 +18,19 @@ def loss_scale_of(scaler: Optional[Any]) -> Optional[torch.Tensor]:
     return getattr(scaler, "_scale", None) if scaler is not None else None
 
 
-def check_arguments(every: Any, max_global_batch: Any, lr: Any = "gain") -> None:
-    """`adapt_every`, `adapt_max_batch` and `adapt_lr` of a `Trainer` or the
-    Lightning callback, before anything runs: whole numbers (a `TypeError`
-    otherwise), in the policy's own range (`check_adapt_options`); None or 0
-    for the largest batch is the default; the lr rule "gain" or "batch"."""
+def check_arguments(every: Any, max_global_batch: Any, lr: Any = "gain",
+                    min_global_batch: Any = None) -> None:
+    """`adapt_every`, `adapt_max_batch`, `adapt_lr` and `adapt_min_batch` of a
+    `Trainer` or the Lightning callback, before anything runs: whole numbers
+    (a `TypeError` otherwise), in the policy's own range
+    (`check_adapt_options`); None or 0 for the largest or smallest batch is
+    the default; the lr rule "gain" or "batch"."""
     _checks.whole("adapt_every", every)
     if max_global_batch is not None:
         _checks.whole("adapt_max_batch", max_global_batch)
-    _core.check_adapt_options(every, max_global_batch or 0, str(lr))
+    if min_global_batch is not None:
+        _checks.whole("adapt_min_batch", min_global_batch)
+    _core.check_adapt_options(every, max_global_batch or 0, str(lr), min_global_batch or 0)
 
 
 def adapt_lr_rule(adapt: bool, lr: Optional[Any]) -> str:
@@ -43,11 +47,14 @@ class Adaptation:
     the rule the lr follows: "gain" (AdaScale's) or "batch" (the batch ratio)."""
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
-                 clock: Callable[[], float], group: Optional[Any], lr: str = "gain"):
-        check_arguments(every, max_global_batch, lr)
-        # The policy checks adapt_max_batch against the plan's global batch.
+                 clock: Callable[[], float], group: Optional[Any], lr: str = "gain",
+                 min_global_batch: Optional[int] = None):
+        check_arguments(every, max_global_batch, lr, min_global_batch)
+        # The policy checks adapt_max_batch and adapt_min_batch against the
+        # plan's global batch.
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
-                                          plan.world_size, every, max_global_batch or 0, lr)
+                                          plan.world_size, every, max_global_batch or 0, lr,
+                                          min_global_batch or 0)
         self.noise = _core.NoiseScaleEstimator()
         self.successive = _core.SuccessiveGradients()
         self.every = every

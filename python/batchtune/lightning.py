@@ -90,8 +90,9 @@ class BatchTune(Callback):
         adapt: the global batch and lr follow the gradient noise scale as
             training goes, by the policy of `batchtune.Trainer(adapt=True)`:
             every `adapt_every` optimizer steps the global batch may double or
-            halve where goodput says so, from the plan's up to
-            `adapt_max_batch` (default 32x), the micro-batch growing up to the
+            halve where goodput says so, up to `adapt_max_batch` (default 32x
+            the plan's) and down to `adapt_min_batch` (default the plan's /
+            32; the plan's own to never go below it), the micro-batch growing up to the
             largest the tune saw fit and then accumulating; the lr follows
             (ramped over 20 steps, on top of the schedule) the plan's scaling
             rule applied to the AdaScale gain, or with `adapt_lr="batch"` to
@@ -120,12 +121,12 @@ class BatchTune(Callback):
                  loss_fn: Optional[Callable] = None, adapt: bool = False,
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
-                 adapt_seed: int = 0, clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
+                 adapt_min_batch: Optional[int] = None, adapt_seed: int = 0, clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
         super().__init__()
         if not isinstance(adapt, bool):
             raise _core.Error(f"adapt: give True or False, got {adapt!r}")
         adapt_lr = adapt_lr_rule(adapt, adapt_lr)
-        check_arguments(adapt_every, adapt_max_batch, adapt_lr)
+        check_arguments(adapt_every, adapt_max_batch, adapt_lr, adapt_min_batch)
         _checks.integer("adapt_seed", adapt_seed, 0)
         if adapt and not scale_lr:
             raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False turns off; "
@@ -157,6 +158,7 @@ class BatchTune(Callback):
         self.adapt = adapt
         self.adapt_every = adapt_every
         self.adapt_max_batch = adapt_max_batch
+        self.adapt_min_batch = adapt_min_batch
         self.adapt_lr = adapt_lr
         self.adapt_seed = adapt_seed
         self.clock = clock
@@ -370,7 +372,7 @@ class BatchTune(Callback):
         batches = _Batches(size, shuffled(loader), self.adapt_seed, trainer.global_rank,
                            trainer.world_size, plan.micro_batch_size, plan.accumulation_steps)
         adapt = LightningAdaptation(plan, self.adapt_every, self.adapt_max_batch, self.clock,
-                                    batches, self.adapt_lr)
+                                    batches, self.adapt_lr, self.adapt_min_batch)
         if self._fits > 0:
             # Lightning has no out-of-memory recovery: the micro-batch grows up
             # to what the tune saw fit, then the step accumulates.

@@ -40,7 +40,8 @@ class Trainer:
       policy of `batchtune train --adapt`: every `adapt_every` steps the
       global batch may double or halve where goodput (throughput measured
       here x statistical efficiency) says so, up to `adapt_max_batch`
-      (default 32x the plan's), the lr following the plan's scaling rule,
+      (default 32x the plan's) and down to `adapt_min_batch` (default the
+      plan's / 32; the plan's own to never go below it), the lr following the plan's scaling rule,
       ramped over 20 steps, applied to the AdaScale gain (`adapt_lr="gain"`,
       the default) or to the batch ratio alone (`adapt_lr="batch"`, as
       `train --adapt-lr batch`). The noise scale comes
@@ -66,6 +67,7 @@ class Trainer:
                  scale_lr: bool = True, adapt: bool = False,
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
+                 adapt_min_batch: Optional[int] = None,
                  clock: Callable[[], float] = time.perf_counter):
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")
@@ -94,7 +96,7 @@ class Trainer:
                 raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False "
                                   "turns off; drop one of them")
             self._adapt = Adaptation(self.plan, adapt_every, adapt_max_batch, clock, group,
-                                     lr_rule)
+                                     lr_rule, adapt_min_batch)
 
     @property
     def batch_schedule(self) -> List[Dict[str, Any]]:

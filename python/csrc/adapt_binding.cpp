@@ -103,29 +103,33 @@ void bind_adapt(py::module_& m) {
       .def_property_readonly("holding", &SuccessiveGradients::holding);
   m.def(
       "check_adapt_options",
-      [](int64_t every, int64_t max_global_batch, const std::string& lr) {
+      [](int64_t every, int64_t max_global_batch, const std::string& lr,
+         int64_t min_global_batch) {
         check_adapt_options(AdaptOptions()
                                 .every(every)
                                 .max_global_batch(max_global_batch)
+                                .min_global_batch(min_global_batch)
                                 .lr(parse_adapt_lr(lr)));
       },
       py::arg("every"), py::arg("max_global_batch"), py::arg("lr") = "gain",
-      "Refuses adapt_every below 1, a negative adapt_max_batch (0: the default) or an "
-      "adapt_lr other than 'gain' or 'batch'.");
+      py::arg("min_global_batch") = 0,
+      "Refuses adapt_every below 1, a negative adapt_max_batch or adapt_min_batch (0: the "
+      "default) or an adapt_lr other than 'gain' or 'batch'.");
   py::class_<BatchAdapter>(m, "BatchAdapter", "The policy of `train --adapt` (see batch_adapter.h).")
       .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
                        int64_t world_size, int64_t every, int64_t max_global_batch,
-                       const std::string& lr) {
+                       const std::string& lr, int64_t min_global_batch) {
              return BatchAdapter(base_batch, base_lr, parse_lr_scaling(lr_scaling, "lr_scaling"),
                                  world_size,
                                  AdaptOptions()
                                      .every(every)
                                      .max_global_batch(max_global_batch)
+                                     .min_global_batch(min_global_batch)
                                      .lr(parse_adapt_lr(lr)));
            }),
            py::arg("base_batch"), py::arg("base_lr"), py::arg("lr_scaling"),
            py::arg("world_size"), py::arg("every"), py::arg("max_global_batch"),
-           py::arg("lr") = "gain")
+           py::arg("lr") = "gain", py::arg("min_global_batch") = 0)
       .def("observe", &BatchAdapter::observe, py::arg("global_batch"), py::arg("seconds"),
            py::arg("samples"))
       .def("end_window", &BatchAdapter::end_window, py::arg("global_batch"), py::arg("seconds"),
@@ -139,6 +143,7 @@ void bind_adapt(py::module_& m) {
       .def("split", &BatchAdapter::split)
       .def("lr_for", &BatchAdapter::lr_for)
       .def_property_readonly("max_global_batch", &BatchAdapter::max_global_batch)
+      .def_property_readonly("min_global_batch", &BatchAdapter::min_global_batch)
       .def("decide_on",
            [](BatchAdapter& a, int64_t step, int64_t global_batch,
               const NoiseScaleEstimator& noise) -> py::object {

@@ -78,6 +78,7 @@ constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kAdapt, "--adapt", "adapt"},
     {Option::kAdaptEvery, "--adapt-every", "adapt_every"},
     {Option::kAdaptMaxBatch, "--adapt-max-batch", "adapt_max_batch"},
+    {Option::kAdaptMinBatch, "--adapt-min-batch", "adapt_min_batch"},
     {Option::kAdaptLr, "--adapt-lr", "adapt_lr"},
     {Option::kNoiseScale, "--no-noise-scale", "no_noise_scale"},
 }};

@@ -57,6 +57,11 @@ void check_adapt_options(const AdaptOptions& options) {
     throw OptionError(Option::kAdaptEvery,
                       fmt::format("must be at least 1 step, got {}", options.every()));
   }
+  if (options.min_global_batch() < 0) {
+    throw OptionError(Option::kAdaptMinBatch,
+                      fmt::format("must be 0 (for the starting batch / {}) or more, got {}",
+                                  kDefaultAdaptGrowth, options.min_global_batch()));
+  }
   if (options.max_global_batch() < 0) {
     throw OptionError(Option::kAdaptMaxBatch,
                       fmt::format("must be 0 (for {} x the starting batch) or more, got {}",
@@ -85,6 +90,16 @@ BatchAdapter::BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling
     throw OptionError(Option::kAdaptMaxBatch,
                       fmt::format("{} is below the starting global batch {}; give at least that",
                                   max_global_, base_batch_));
+  }
+  const int64_t least = base_batch_ / kDefaultAdaptGrowth;
+  min_global_ = options_.min_global_batch() > 0
+                    ? options_.min_global_batch()
+                    : std::max(world_size_, least - least % world_size_);
+  if (min_global_ > base_batch_ || min_global_ % world_size_ != 0) {
+    throw OptionError(Option::kAdaptMinBatch,
+                      fmt::format("{} must be a multiple of the world size {} and at most the "
+                                  "starting global batch {}",
+                                  min_global_, world_size_, base_batch_));
   }
   settle_left_ = options_.every() / kAdaptSettleShare;  // the start's first steps
 }
@@ -219,49 +234,61 @@ std::optional<BatchChange> BatchAdapter::choose(int64_t step, int64_t global_bat
   if (explored_from_ != 0) {
     const int64_t from = explored_from_;
     explored_from_ = 0;
-    const double before = goodput(from, low, *speed(from));
-    if (goodput(global_batch, low, *here) >= before) return std::nullopt;
+    // The cautious end for the batch tried: low for a larger, high for a smaller.
+    const double at = global_batch > from ? low : high;
+    const double before = goodput(from, at, *speed(from));
+    if (goodput(global_batch, at, *here) >= before) return std::nullopt;
     return change_to(step, from, ns,
                      fmt::format("back to {} after trying {}: {} against {} ({})", from,
-                                 global_batch, words(from, *speed(from), low),
-                                 words(global_batch, *here, low), noise_words));
+                                 global_batch, words(from, *speed(from), at),
+                                 words(global_batch, *here, at), noise_words));
   }
 
-  // The better of half and twice the batch, where measured.
+  // The better of half and twice the batch: measured, or tried for a window.
   std::optional<BatchChange> best;
+  bool exploring = false;  // `best` is a try, not a measured win
   double best_gain = 1 + options_.min_gain();
   for (const int64_t candidate : {global_batch / 2, global_batch * 2}) {
-    if (candidate < base_batch_ || candidate > max_global_ || candidate % world_size_ != 0 ||
+    if (candidate < min_global_ || candidate > max_global_ || candidate % world_size_ != 0 ||
         candidate == global_batch) {
       continue;
     }
     const double at = candidate > global_batch ? low : high;
     const double current = goodput(global_batch, at, *here);
-    if (const auto measured = speed(candidate)) {
+    const bool same_micro = split(candidate).first == split(global_batch).first;
+    // Accumulation alone: a smaller batch runs at today's throughput.
+    std::optional<double> measured = speed(candidate);
+    if (!measured && same_micro && candidate < global_batch) measured = *here;
+    if (measured) {
       const double gain = goodput(candidate, at, *measured) / current;
       if (gain > best_gain) {
         best_gain = gain;
+        exploring = false;
         best = change_to(step, candidate, ns,
                          fmt::format("{} against {} ({})", words(candidate, *measured, at),
                                      words(global_batch, *here, at), noise_words));
       }
       continue;
     }
-    // Not run yet: a larger batch whose micro-batch grows may run faster per
-    // sample. Try it for one window when, at up to twice today's throughput,
-    // it could win. Accumulation alone runs at today's throughput: no try.
-    if (candidate < global_batch) continue;
-    if (split(candidate).first == split(global_batch).first) continue;
-    const double bound = goodput(candidate, at, 2 * *here);
+    // Not run yet: a larger batch whose micro-batch grows may run up to
+    // twice as fast per sample, a smaller one at most as fast (per sample,
+    // a smaller micro-batch is rarely faster). Try it for one window when,
+    // at that throughput, it could win. A larger batch by accumulation alone
+    // runs at today's throughput and is less efficient: no try.
+    if (same_micro) continue;
+    const bool larger = candidate > global_batch;
+    const double bound = goodput(candidate, at, (larger ? 2 : 1) * *here);
     if (!best && bound / current > best_gain) {
-      explored_from_ = global_batch;
+      exploring = true;
       best = change_to(step, candidate, ns,
-                       fmt::format("trying global batch {} for {} steps: at up to twice the "
+                       fmt::format("trying global batch {} for {} steps: at up to {} "
                                    "throughput its goodput could reach {:.0f} against {} ({})",
-                                   candidate, options_.every(), bound,
+                                   candidate, options_.every(),
+                                   larger ? "twice the" : "the same", bound,
                                    words(global_batch, *here, at), noise_words));
     }
   }
+  if (exploring) explored_from_ = global_batch;
   return best;
 }
 

@@ -45,6 +45,17 @@ class _StepClock:
     def __call__(self):
         return self.now
 
+    def seconds(self, samples):
+        return 1.0
+
+
+class _SampleClock(_StepClock):
+    """A step takes its samples / 16 s: every batch is as fast per sample, so
+    a smaller one, more efficient per sample, has the higher goodput."""
+
+    def seconds(self, samples):
+        return samples / 16
+
 
 def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every=5, **kwargs):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -60,7 +71,7 @@ def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every
     while trainer.steps_done < steps:
         for batch in loader:
             sizes.append((trainer.steps_done, len(batch[0])))
-            clock.now += 1.0
+            clock.now += clock.seconds(len(batch[0]))
             trainer.step(batch)
             if trainer.steps_done >= steps:
                 break
@@ -69,7 +80,7 @@ def _train(model, steps, clock, plan=None, state=None, sampler_state=None, every
 
 def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch():
     plan = _plan()
-    trainer, _, sizes = _train(_mlp(), 120, _StepClock(), plan=plan)
+    trainer, _, sizes = _train(_mlp(), 120, _StepClock(), plan=plan, adapt_min_batch=16)
     schedule = trainer.batch_schedule
     assert len(schedule) >= 2, "a batch 2x as fast per sample is taken"
     assert schedule[0]["step"] == 0 and schedule[0]["global_batch_size"] == 16
@@ -91,13 +102,33 @@ def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch(
     assert trainer.noise_scale is not None
 
 
+def test_a_batch_no_faster_per_sample_shrinks_to_adapt_min_batch_and_the_loader_follows():
+    """Every batch as fast per sample: the smaller one is more efficient, so
+    the batch halves (a smaller lr with it) down to adapt_min_batch and the
+    loader hands out the smaller batches from the next step."""
+    trainer, _, sizes = _train(_mlp(), 80, _SampleClock(), plan=_plan(32), adapt_min_batch=8)
+    schedule = trainer.batch_schedule
+    sizes_in_schedule = [c["global_batch_size"] for c in schedule]
+    assert sizes_in_schedule[0] == 32 and min(sizes_in_schedule) == 8, schedule
+    assert all(size >= 8 for size in sizes_in_schedule)
+    first_shrink = next(c for c in schedule[1:] if c["global_batch_size"] < 32)
+    assert first_shrink["lr"] < schedule[0]["lr"]
+    at = {c["step"]: c["global_batch_size"] for c in schedule}
+    current = None
+    for step, size in sizes:
+        current = at.get(step, current)
+        assert size == current, (step, size, current)
+    with pytest.raises(batchtune.Error, match="^adapt_min_batch: 33 must be a multiple"):
+        _train(_mlp(), 1, _SampleClock(), plan=_plan(32), adapt_min_batch=33)
+
+
 def test_the_lr_follows_the_gain_or_by_adapt_lr_the_batch_ratio():
     """The plan scales by sqrt: under "batch" a change to B takes lr0 x
     sqrt(B/16) whatever the noise; under "gain" (the default) the noise's
     share of it, E(B) < 1, makes it smaller."""
     for rule in ("gain", "batch"):
         kwargs = {} if rule == "gain" else dict(adapt_lr=rule)
-        trainer, _, _ = _train(_mlp(), 60, _StepClock(), **kwargs)
+        trainer, _, _ = _train(_mlp(), 60, _StepClock(), adapt_min_batch=16, **kwargs)
         change = trainer.batch_schedule[1]
         by_ratio = 0.05 * (change["global_batch_size"] / 16) ** 0.5
         if rule == "batch":

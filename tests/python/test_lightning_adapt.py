@@ -280,7 +280,7 @@ def test_bad_adapt_arguments_are_refused_naming_them():
 def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
     """A step takes 1 s whatever its batch: a larger micro-batch is that
     much faster per sample, so the policy tries it and keeps it."""
-    tuner, record, _, _ = _fit(100, max_batch=64, target_batch=16, every=5)
+    tuner, record, _, _ = _fit(100, max_batch=64, target_batch=16, every=5, adapt_min_batch=16)
     schedule = tuner.batch_schedule
     assert len(schedule) >= 2, schedule
     assert schedule[1]["global_batch_size"] > schedule[0]["global_batch_size"]
@@ -288,7 +288,8 @@ def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
 
 
 def test_adapt_lr_batch_scales_the_lr_by_the_batch_ratio_alone():
-    tuner, _, _, _ = _fit(100, max_batch=64, target_batch=16, every=5, adapt_lr="batch")
+    tuner, _, _, _ = _fit(100, max_batch=64, target_batch=16, every=5, adapt_lr="batch",
+                          adapt_min_batch=16)
     start, change = tuner.batch_schedule[:2]
     ratio = change["global_batch_size"] / start["global_batch_size"]
     rule = {"linear": ratio, "sqrt": ratio ** 0.5}[tuner.plan.lr_scaling]

@@ -71,6 +71,7 @@ enum class Option {
   kAdapt,             ///< the global batch follows the gradient noise scale
   kAdaptEvery,        ///< steps between adapt's decisions
   kAdaptMaxBatch,     ///< the largest global batch adapt may reach
+  kAdaptMinBatch,     ///< the smallest global batch adapt may reach
   kAdaptLr,           ///< what adapt's lr follows: the gain or the batch ratio
   kNoiseScale,        ///< the gradient noise scale's measurement (`--no-noise-scale`)
   kLast = kNoiseScale,  ///< the last: `kOptionCount` counts up to it

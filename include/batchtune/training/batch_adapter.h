@@ -37,10 +37,11 @@ constexpr int64_t kAdaptLrRampSteps = 20;
 /// for new kernels and allocations that the steps after them do not, and
 /// would make the new batch look slower than it runs.
 constexpr int64_t kAdaptSettleShare = 10;
-/// Under data parallelism without accumulation, `--adapt` splits one step in
-/// this many to measure the noise scale (besides the ranks' own pair); a
-/// single process measures every step against the previous one instead
-/// (`SuccessiveGradients`).
+/// Where nothing else measures the noise scale (no accumulation, no ranks,
+/// no previous step kept), `--adapt` splits one step in this many; a single
+/// process measures every step against the previous one
+/// (`SuccessiveGradients`) and data-parallel ranks every step against each
+/// other, so neither splits.
 constexpr int64_t kAdaptNoiseEvery = 10;
 
 /// What the lr of a new global batch B follows under `--adapt` (the plan's
@@ -61,6 +62,10 @@ struct AdaptOptions {
   TORCH_ARG(int64_t, every) = kDefaultAdaptEvery;
   /// The largest global batch; 0 for `kDefaultAdaptGrowth` × the start.
   TORCH_ARG(int64_t, max_global_batch) = 0;
+  /// The smallest global batch; 0 for the start / `kDefaultAdaptGrowth`
+  /// (rounded down to a multiple of the world size, at least one sample a
+  /// rank). The start itself keeps the batch from shrinking below it.
+  TORCH_ARG(int64_t, min_global_batch) = 0;
   /// The smallest relative goodput gain that makes a change.
   TORCH_ARG(double, min_gain) = kAdaptMinGain;
   TORCH_ARG(int64_t, min_measurements) = kAdaptMinMeasurements;
@@ -112,17 +117,21 @@ BatchChange batch_change_from_json(const nlohmann::json& j);
 /// Every `every` steps it compares the goodput (Pollux, OSDI 2021:
 /// throughput × statistical efficiency E(B) = (B_noise + B0) / (B_noise + B),
 /// B0 the batch it started from) of the current global batch with half and
-/// twice it, and changes when one promises `min_gain` more. Throughput is
-/// measured, never modelled: a batch not yet run is tried for one window
-/// (exploring) when even twice the throughput would not be enough it is not;
-/// after the window, it stays only where its measured goodput is higher, else
-/// the run goes back. A larger global batch keeps the micro-batch and
-/// accumulates once the micro-batch reaches what fits (`cap_micro_batch`,
-/// learned from an out-of-memory), so its throughput is the current one and
-/// only noise can make it worth it: it is not explored.
+/// twice it, within [min, max], and changes when one promises `min_gain`
+/// more. Throughput is measured, never modelled: a batch not yet run is tried
+/// for one window (exploring) unless even its most hopeful throughput
+/// (twice today's for a larger batch, today's for a smaller one) would not
+/// be enough; after the window, it stays only where its measured goodput is
+/// higher, else the run goes back. A start too large for the noise early in
+/// training (a tune's throughput-golden batch) so shrinks until the
+/// efficiency it gains no longer pays for the speed it loses. Where the
+/// micro-batch is capped (`cap_micro_batch`, learned from an out-of-memory)
+/// a change moves the accumulation alone and runs at today's throughput:
+/// a larger batch then never pays and a smaller one is decided on today's
+/// speed, without a try.
 ///
 /// The lr follows the AdaScale gain (Johnson et al., ICML 2020): r(B) =
-/// (B/B0)·E(B), in [1, B/B0], the progress one step at B makes in steps at
+/// (B/B0)·E(B), between 1 and B/B0, the progress one step at B makes in steps at
 /// B0; lr(B) = lr0 × f(r) with f the plan's rule (linear for SGD, sqrt for the
 /// Adam family). Linear scaling by B/B0 alone overshoots while the noise
 /// scale is small, when a larger batch buys little progress per step.
@@ -138,8 +147,9 @@ class BatchAdapter {
   BatchAdapter(int64_t base_batch, double base_lr, LrScaling scaling, int64_t world_size,
                AdaptOptions options = {});
 
-  /// The batch it started from (B0) and its largest.
+  /// The batch it started from (B0), its smallest and its largest.
   int64_t base_batch() const { return base_batch_; }
+  int64_t min_global_batch() const { return min_global_; }
   int64_t max_global_batch() const { return max_global_; }
   const AdaptOptions& options() const { return options_; }
 
@@ -211,6 +221,7 @@ class BatchAdapter {
   LrScaling scaling_;
   int64_t world_size_;
   AdaptOptions options_;
+  int64_t min_global_;
   int64_t max_global_;
   int64_t micro_cap_ = 0;  // 0: none known
   std::map<int64_t, Speed> speeds_;
