@@ -9,8 +9,9 @@ global batches, from the same seeds, each to the same test accuracy.
 lenet on Fashion-MNIST (`--data fashion-mnist`) to 85 % test accuracy. Each
 fixed way is `train --batch-size G` (the lr scaled from the default 1e-3 at
 batch 64 by the plan's rule, sqrt for Adam); the adaptive way is
-`train --batch-size START --adapt`, from each start of `--start` (`tuned`: the
-batch `batchtune tune` chooses, what `train --adapt` alone starts from). All evaluate every `--eval-samples`
+`train --batch-size START --adapt`, from each start of `--start` (`tuned`:
+`train --adapt` alone, from its quick tune's plan; the tune's time is in the wall
+column, not the training time). All evaluate every `--eval-samples`
 training samples whatever the batch (`--eval-every-samples`), so that no
 way is found late for want of an evaluation, and all run at `--amp off`
 (no precision measurement in the timing). The ways take turns (fixed 32,
@@ -49,8 +50,8 @@ def parse():
     p.add_argument("--repeats", type=int, default=3, help="runs of each way (at least 2)")
     p.add_argument("--grid", default="32,64,128,256", help="the fixed global batches")
     p.add_argument("--start", default="32,64",
-                   help="where --adapt starts (each a way): a global batch, or 'tuned' for the "
-                        "batch `batchtune tune` chooses (lenet)")
+                   help="where --adapt starts (each a way): a global batch, or 'tuned' for "
+                        "`train --adapt` alone, which starts from its quick tune's plan (lenet)")
     p.add_argument("--adapt-every", type=int, default=50)
     p.add_argument("--adapt-lr", default="gain",
                    help="the lr rules of the adaptive ways (train --adapt-lr), each a way: "
@@ -89,28 +90,14 @@ def tune_text(args, seed, out_dir):
     return path
 
 
-def tuned_batch(args):
-    """The global batch `batchtune tune` chooses for lenet on Fashion-MNIST
-    (what `train --adapt` without --batch-size starts from), tuned once."""
-    with tempfile.TemporaryDirectory() as out_dir:
-        path = os.path.join(out_dir, "plan.json")
-        cmd = [args.batchtune, "tune", "--data", "fashion-mnist", "--model", "lenet", "--amp",
-               "off", "--json", path]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}")
-        with open(path) as f:
-            tuned = json.load(f)
-        plan = tuned.get("plan", tuned)
-        return int(plan["global_batch_size"])
-
-
 def train(args, cmd, way, size_flag, seed, path):
     """Runs one way (`cmd` plus its size, and --adapt for "adapt:START") and
     returns its summary JSON with the wall time and seed."""
     if isinstance(way, str):  # "adapt:START", or "adapt:START:RULE" for --adapt-lr RULE
         parts = way.split(":")
-        cmd += [size_flag, parts[1], "--adapt", "--adapt-every", str(args.adapt_every)]
+        if parts[1] != "tuned":  # "tuned": the quick tune's plan, as a user gets it
+            cmd += [size_flag, parts[1]]
+        cmd += ["--adapt", "--adapt-every", str(args.adapt_every)]
         if len(parts) > 2:
             cmd += ["--adapt-lr", parts[2]]
     else:
@@ -192,16 +179,12 @@ def verdict(low, high):
 
 def main():
     args = parse()
-    starts = []
-    for b in args.start.split(","):
-        if b == "tuned":
-            if args.task != "lenet":
-                sys.exit("--start tuned: for --task lenet (gpt's ways share one tuned plan)")
-            starts.append(tuned_batch(args))
-            print(f"--start tuned: `batchtune tune` chose the global batch {starts[-1]}",
-                  file=sys.stderr)
-        else:
-            starts.append(int(b))
+    starts = args.start.split(",")
+    for b in starts:
+        if b == "tuned" and args.task != "lenet":
+            sys.exit("--start tuned: for --task lenet (gpt's ways share one tuned plan)")
+        if b != "tuned" and not b.isdigit():
+            sys.exit(f"--start: {b} is not a global batch or 'tuned'")
     rules = args.adapt_lr.split(",")
     ways = [int(g) for g in args.grid.split(",")] + [
         f"adapt:{b}" if rules == ["gain"] else f"adapt:{b}:{rule}" for b in starts for rule in rules]
