@@ -200,6 +200,43 @@ TEST(BatchAdapter, UnderAMicroBatchCapAShrinkMovesTheAccumulationWithoutATry) {
   EXPECT_EQ(change->reason.find("trying"), std::string::npos) << change->reason;
 }
 
+TEST(BatchAdapter, TheTunesSpeedsDecideWhatIsWorthATry) {
+  // At 64 (10,000 samples/s), noise scale 300, likely 250-350: without a
+  // profile, 32 could be as fast and at the high end is 8 % more efficient
+  // ((350 + 64) / (350 + 32)): tried. The tune measured 32 at 0.7x 64's
+  // speed and 128 at 1.1x: neither can win, so nothing is tried.
+  const NoiseInterval noise{250, 350};
+  BatchAdapter hopeful(64, 1e-3, LrScaling::kSqrt, 1);
+  run_at(hopeful, 64, 10000);
+  const auto tried = hopeful.decide(50, 64, 300.0, 10, noise);
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(tried->global_batch_size, 32);
+  const SpeedProfile tune{{32, 7000}, {64, 10000}, {128, 11000}};
+  BatchAdapter informed(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().speed_profile(tune));
+  run_at(informed, 64, 10000);
+  EXPECT_FALSE(informed.decide(50, 64, 300.0, 10, noise).has_value());
+  // Where the tune measured 128 at 1.5x (and training runs 64 at 8,000
+  // samples/s, so 128 is expected at 12,000), a noise scale of 1,000 makes
+  // it worth a try: 12,000 x (1000 + 64) / (1000 + 128) = 11,319 > 8,000.
+  BatchAdapter steep(64, 1e-3, LrScaling::kSqrt, 1,
+                     AdaptOptions().speed_profile({{32, 5000}, {64, 10000}, {128, 15000}}));
+  run_at(steep, 64, 8000);
+  const auto grown = steep.decide(50, 64, 1000.0, 10, NoiseInterval{1000, 1000});
+  ASSERT_TRUE(grown);
+  EXPECT_EQ(grown->global_batch_size, 128);
+  EXPECT_NE(grown->reason.find("1.50x today's throughput the tune measured"), std::string::npos)
+      << grown->reason;
+  // A try is still a try: measured slower than expected, the run goes back.
+  run_at(steep, 128, 8400);
+  const auto back = steep.decide(100, 128, 1000.0, 15, NoiseInterval{1000, 1000});
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->global_batch_size, 64);
+  // A resume keeps the profile of the tune its run started from.
+  BatchAdapter restored(64, 1e-3, LrScaling::kSqrt, 1);
+  restored.load_state(informed.state());
+  EXPECT_FALSE(restored.decide(50, 64, 300.0, 10, noise).has_value());
+}
+
 TEST(BatchAdapter, TheLrFollowsTheAdaScaleGainUnderThePlansRule) {
   BatchAdapter linear(64, 0.1, LrScaling::kLinear, 1);
   // Gain r = (B/B0) E(B): 2 x (100 + 64) / (100 + 128) = 1.4386.

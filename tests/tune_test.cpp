@@ -81,6 +81,37 @@ class Recorder final : public TuneReporter {
   std::optional<bool> complete;
 };
 
+TEST(QuickTune, OnRealDataWithAFreeGlobalBatchItTunesForGoodputElseForThroughput) {
+  // `train` without a batch size trains the plan `tune --data` would give:
+  // goodput on real data (the noise run and loader tuning on it).
+  const auto real = testing::toy_data({4}, 64, 2, 0);
+  const TuneOptions on_data = quick_tune_options(PlanRequest{}, 64, real.get());
+  EXPECT_EQ(on_data.objective(), Objective::kGoodput);
+  EXPECT_EQ(on_data.data(), real.get());
+  EXPECT_EQ(on_data.search().max_batch(), 64);
+  // Made-up samples measure no noise: throughput, and no data.
+  const SyntheticDataset synthetic({4}, 2, 64, 0);
+  const TuneOptions made_up = quick_tune_options(PlanRequest{}, 64, &synthetic);
+  EXPECT_EQ(made_up.objective(), Objective::kThroughput);
+  EXPECT_EQ(made_up.data(), nullptr);
+  EXPECT_EQ(quick_tune_options(PlanRequest{}, 64).objective(), Objective::kThroughput);
+  // A global batch asked for leaves goodput nothing to choose.
+  PlanRequest fixed;
+  fixed.target_batch = 256;
+  EXPECT_EQ(quick_tune_options(fixed, 64, real.get()).objective(), Objective::kThroughput);
+  // `resolve_plan` hands back the quick tune's sweep; given a micro-batch, none ran.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 << 20);
+  Workload workload(WorkloadOptions().model("mlp").input_shape({4}).classes(2));
+  PlanRequest given;
+  given.micro_batch_size = 8;
+  given.amp = AmpMode::kOff;
+  std::vector<SweepRow> sweep{SweepRow{}};
+  const Plan plan = resolve_plan(given, workload, *memory, 64, nullptr, nullptr, nullptr,
+                                 real.get(), &sweep);
+  EXPECT_EQ(plan.micro_batch_size, 8);
+  EXPECT_TRUE(sweep.empty());
+}
+
 TEST(Tune, FindsTheLimitOfAFakeCurveAndPlansIt) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
   FakeSubject subject(64 * 1024);  // 64 KiB a sample: ~900 fit in 57.6 MiB usable

@@ -69,6 +69,17 @@ struct TrainFlags {
   std::string json;
 };
 
+/// The quick tune's throughput by global batch (its micro-batches on every
+/// rank, no accumulation), which `--adapt` expects a batch it has not run
+/// at; empty where no tune ran.
+SpeedProfile speed_profile(const std::vector<SweepRow>& sweep, int64_t world_size) {
+  SpeedProfile profile;
+  for (const SweepRow& row : sweep) {
+    if (row.samples_per_s > 0) profile[row.batch_size * world_size] = row.samples_per_s;
+  }
+  return profile;
+}
+
 /// An interrupt during the quick tune: says so, writes the summary of a
 /// run that trained nothing to `json` (when given), and returns the exit code.
 int interrupted_during_tune(std::ostream& out, const std::string& json) {
@@ -386,13 +397,16 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
   ConsoleTuneReporter console(out, job.primary() && ::isatty(STDERR_FILENO) != 0 ? &std::cerr
                                                                                 : nullptr);
   Plan plan;
+  std::vector<SweepRow> sweep;  // the quick tune's, where one ran
   try {
     plan = data_parallel.agree_plan(resolve_plan(
         job_request, *resolved.workload, *resolved.memory, data.train->size(), &console,
-        &data_parallel, [] {
+        &data_parallel,
+        [] {
           return interrupt_requested() ? std::optional<std::string>(interrupt_name())
                                        : std::nullopt;
-        }));
+        },
+        data.train.get(), &sweep));
   } catch (const Interrupted&) {
     return interrupted_during_tune(out, job.primary() ? flags.json : "");
   }
@@ -418,7 +432,8 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                                          .every(flags.adapt_every)
                                          .max_global_batch(flags.adapt_max_batch)
                                          .min_global_batch(flags.adapt_min_batch)
-                                         .lr(parse_adapt_lr(flags.adapt_lr)))
+                                         .lr(parse_adapt_lr(flags.adapt_lr))
+                                         .speed_profile(speed_profile(sweep, plan.world_size)))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
                                            : std::nullopt));

@@ -66,17 +66,13 @@ struct TuneFlags {
   DistributedFlags distributed;
 };
 
-/// `--objective`, where `auto` (the default) is goodput on real image data
-/// and throughput elsewhere: on Fashion-MNIST it reached 85 % test accuracy
-/// as soon as a fixed batch of 64, and the throughput plan later
-/// (bench/time_to_accuracy.py, docs/benchmarks.md). Goodput needs float
-/// data to measure the noise scale on and a free global batch.
-Objective tune_objective(const TuneFlags& flags, const CLI::App& cmd) {
+/// `--objective`, where `auto` (the default) is `auto_objective`: goodput on
+/// real image data with a free global batch, else throughput (and for
+/// `--search-only`, which selects nothing).
+Objective tune_objective(const TuneFlags& flags, const PlanRequest& request) {
   if (flags.objective != "auto") return parse_objective(flags.objective);
   const bool images = flags.data.data != "synthetic" && flags.data.data.rfind("text:", 0) != 0;
-  const bool free_global_batch = cmd.count("--target-batch") == 0;
-  return images && free_global_batch && !flags.search_only ? Objective::kGoodput
-                                                           : Objective::kThroughput;
+  return flags.search_only ? Objective::kThroughput : auto_objective(images, request);
 }
 
 int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
@@ -99,7 +95,8 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   check_file_roles(files);
   check_output_file(flags.json, "--json");
   check_output_file(flags.report, "--report");
-  const Objective objective = tune_objective(flags, cmd);
+  const PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
+  const Objective objective = tune_objective(flags, request);
   if (cmd.count("--eta") > 0 && objective != Objective::kEnergy) {
     throw Error("--eta: weighs the energy objective; add --objective energy");
   }
@@ -118,7 +115,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
       .amp(parse_amp(flags.plan.amp))
       .seed(flags.workload.seed)
       .cores(std::max(1u, std::thread::hardware_concurrency()))
-      .plan(plan_request(flags.plan, cmd, flags.workload.lr))
+      .plan(request)
       .command_line(own_command_line());
   // Every option checked once: bad input fails before anything is printed.
   ResolvedTuneOptions resolved_options = resolve(options);

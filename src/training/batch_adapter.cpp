@@ -175,6 +175,15 @@ double BatchAdapter::goodput(int64_t global_batch, double noise_scale,
                                                 static_cast<double>(global_batch));
 }
 
+std::optional<double> BatchAdapter::expected_speed(int64_t candidate, int64_t global_batch,
+                                                   double here) const {
+  const SpeedProfile& profile = options_.speed_profile();
+  const auto to = profile.find(candidate);
+  const auto from = profile.find(global_batch);
+  if (to == profile.end() || from == profile.end() || !(from->second > 0)) return std::nullopt;
+  return here * to->second / from->second;
+}
+
 BatchChange BatchAdapter::change_to(int64_t step, int64_t global_batch, double noise_scale,
                                     std::string reason) const {
   BatchChange c;
@@ -270,21 +279,27 @@ std::optional<BatchChange> BatchAdapter::choose(int64_t step, int64_t global_bat
       }
       continue;
     }
-    // Not run yet: a larger batch whose micro-batch grows may run up to
-    // twice as fast per sample, a smaller one at most as fast (per sample,
-    // a smaller micro-batch is rarely faster). Try it for one window when,
-    // at that throughput, it could win. A larger batch by accumulation alone
-    // runs at today's throughput and is less efficient: no try.
+    // Not run yet: expected at the tune's ratio of the two speeds where
+    // it measured both; else a larger batch whose micro-batch grows may run
+    // up to twice as fast per sample, a smaller one at most as fast (per
+    // sample, a smaller micro-batch is rarely faster). Try it for one window
+    // when, at that throughput, it could win. A larger batch by
+    // accumulation alone runs at today's throughput and is less efficient:
+    // no try.
     if (same_micro) continue;
     const bool larger = candidate > global_batch;
-    const double bound = goodput(candidate, at, (larger ? 2 : 1) * *here);
+    const std::optional<double> expected = expected_speed(candidate, global_batch, *here);
+    const double bound = goodput(candidate, at, expected.value_or((larger ? 2 : 1) * *here));
     if (!best && bound / current > best_gain) {
       exploring = true;
+      const std::string how =
+          expected ? fmt::format("at the {:.2f}x today's throughput the tune measured",
+                                 *expected / *here)
+                   : fmt::format("at up to {} throughput", larger ? "twice the" : "the same");
       best = change_to(step, candidate, ns,
-                       fmt::format("trying global batch {} for {} steps: at up to {} "
-                                   "throughput its goodput could reach {:.0f} against {} ({})",
-                                   candidate, options_.every(),
-                                   larger ? "twice the" : "the same", bound,
+                       fmt::format("trying global batch {} for {} steps: {} its goodput could "
+                                   "reach {:.0f} against {} ({})",
+                                   candidate, options_.every(), how, bound,
                                    words(global_batch, *here, at), noise_words));
     }
   }
@@ -297,11 +312,16 @@ nlohmann::json BatchAdapter::state() const {
   for (const auto& [batch, s] : speeds_) {
     speeds.push_back({{"global_batch_size", batch}, {"seconds", s.seconds}, {"samples", s.samples}});
   }
+  nlohmann::json profile = nlohmann::json::array();
+  for (const auto& [batch, samples_per_s] : options_.speed_profile()) {
+    profile.push_back({{"global_batch_size", batch}, {"samples_per_s", samples_per_s}});
+  }
   return {{"base_batch", base_batch_},
           {"micro_batch_cap", micro_cap_},
           {"explored_from", explored_from_},
           {"lr_rule", adapt_lr_name(options_.lr())},
-          {"speeds", speeds}};
+          {"speeds", speeds},
+          {"speed_profile", profile}};
 }
 
 void BatchAdapter::load_state(const nlohmann::json& state) {
@@ -328,6 +348,12 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
     speeds_[s.at("global_batch_size").get<int64_t>()] = {s.at("seconds").get<double>(),
                                                          s.at("samples").get<int64_t>()};
   }
+  // The profile of the tune the run started from: a resume tunes nothing.
+  SpeedProfile profile;
+  for (const auto& p : state.value("speed_profile", nlohmann::json::array())) {
+    profile[p.at("global_batch_size").get<int64_t>()] = p.at("samples_per_s").get<double>();
+  }
+  options_.speed_profile(std::move(profile));
 }
 
 }  // namespace batchtune

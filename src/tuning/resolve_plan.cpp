@@ -15,8 +15,9 @@ namespace batchtune {
 
 Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& memory,
                   int64_t max_batch, TuneReporter* reporter, DataParallel* data_parallel,
-                  StopRequest stop) {
+                  StopRequest stop, const Dataset* data, std::vector<SweepRow>* sweep) {
   validate(request);
+  if (sweep != nullptr) sweep->clear();
   const auto name = [&](Option option) { return option_name(option, request.front_end); };
   const PlanWorkload current = describe_workload(workload, memory, request);
   if (!request.plan_file.empty()) {
@@ -74,7 +75,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
                       amp, workload, memory);
   }
   // Neither: a quick tune finds the micro-batch at the precision it trains with.
-  TuneOptions options = quick_tune_options(request, max_batch);
+  TuneOptions options = quick_tune_options(request, max_batch, data);
   options.data_parallel(data_parallel).stop(std::move(stop));
   TuneResult tuned = tune(workload, memory, options, reporter);
   if (!tuned.complete) throw Interrupted();
@@ -83,6 +84,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
                       fmt::format("the quick tune found no micro-batch ({}); give one",
                                   tuned.search.stop_reason));
   }
+  if (sweep != nullptr) *sweep = tuned.sweep;
   Plan plan = *tuned.plan;
   if (plan.micro_batch_size == tuned.selection.batch_size) {
     plan.set_reason(PlanField::kMicroBatch,

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "batchtune/common/option.h"
+#include "batchtune/data/dataset.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/monitoring/sampler.h"
 #include "tune_objectives.h"
@@ -99,10 +100,18 @@ ResolvedTuneOptions& ResolvedTuneOptions::clock(Clock* value) {
   return *this;
 }
 
-TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch) {
+Objective auto_objective(bool real_data, const PlanRequest& request) {
+  return real_data && !request.target_batch ? Objective::kGoodput : Objective::kThroughput;
+}
+
+TuneOptions quick_tune_options(const PlanRequest& request, int64_t max_batch,
+                               const Dataset* data) {
+  const bool real_data = data != nullptr && !data->synthetic();
   return TuneOptions()
       .search(SearchOptions().max_batch(std::min(max_batch, kDefaultMaxBatch)))
       .time_budget_s(kQuickTuneTimeBudgetSeconds)
+      .objective(auto_objective(real_data, request))
+      .data(real_data ? data : nullptr)
       .amp(request.amp.value_or(AmpMode::kAuto))
       .plan(request)
       .front_end(request.front_end);

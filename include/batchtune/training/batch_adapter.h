@@ -56,6 +56,9 @@ std::string adapt_lr_name(AdaptLr rule);
 /// naming `Option::kAdaptLr` otherwise.
 AdaptLr parse_adapt_lr(const std::string& word);
 
+/// Samples (or tokens) per second by global batch, measured before training.
+using SpeedProfile = std::map<int64_t, double>;
+
 /// How `train --adapt` moves the global batch.
 struct AdaptOptions {
   /// Optimizer steps between decisions (and the window a batch is timed over).
@@ -75,6 +78,12 @@ struct AdaptOptions {
   /// What a global batch counts, as the reasons name it: "samples", or
   /// "tokens" for text trained by a token budget.
   TORCH_ARG(std::string, unit) = "samples";
+  /// The throughput of global batches as the tune before training measured
+  /// them (its sweep); empty for none. A batch not yet run is then expected
+  /// at today's speed times its ratio to the batch in force in the profile,
+  /// where both are in it, and tried only where that expectation wins: not
+  /// on the most hopeful bound.
+  TORCH_ARG(SpeedProfile, speed_profile) = {};
 };
 
 /// Checks `options` on their own (the steps between decisions, the largest
@@ -119,10 +128,12 @@ BatchChange batch_change_from_json(const nlohmann::json& j);
 /// B0 the batch it started from) of the current global batch with half and
 /// twice it, within [min, max], and changes when one promises `min_gain`
 /// more. Throughput is measured, never modelled: a batch not yet run is tried
-/// for one window (exploring) unless even its most hopeful throughput
-/// (twice today's for a larger batch, today's for a smaller one) would not
-/// be enough; after the window, it stays only where its measured goodput is
-/// higher, else the run goes back. A start too large for the noise early in
+/// for one window (exploring) unless its expected throughput would not be
+/// enough: today's times the ratio the tune measured between the two
+/// (`AdaptOptions::speed_profile`), or without a profile the most hopeful
+/// (twice today's for a larger batch, today's for a smaller one); after the
+/// window, it stays only where its measured goodput is higher, else the run
+/// goes back. A start too large for the noise early in
 /// training (a tune's throughput-golden batch) so shrinks until the
 /// efficiency it gains no longer pays for the speed it loses. Where the
 /// micro-batch is capped (`cap_micro_batch`, learned from an out-of-memory)
@@ -213,6 +224,10 @@ class BatchAdapter {
                                     std::optional<double> noise_scale, int64_t measurements,
                                     std::optional<NoiseInterval> interval);
   double goodput(int64_t global_batch, double noise_scale, double samples_per_s) const;
+  /// `candidate`'s speed as the profile expects it, from `here` at
+  /// `global_batch`; nullopt where the profile lacks either.
+  std::optional<double> expected_speed(int64_t candidate, int64_t global_batch,
+                                       double here) const;
   BatchChange change_to(int64_t step, int64_t global_batch, double noise_scale,
                         std::string reason) const;
 
