@@ -15,9 +15,11 @@ step), with the share of parameters whose v̂ is 0. Beside them it prints
 what `train --adapt` reads from its own measurements (the first half of a
 step's batch against the whole, one step in 10): the moving average (decay
 0.95) and the low end of ±1 jackknife standard error over the last 32; and
-what successive steps give for free (each step's gradient against the mean
-of it and the previous step's, as Pollux's implementation measures without
-accumulation), every step, averaged with decay 0.99.
+what successive steps give for free, every step, averaged with decay 0.99:
+each step's gradient against the mean of it and the previous step's (as
+Pollux's implementation measures without accumulation), and the second
+difference of three steps, g1 − 2·g2 + g3, which `--adapt` reads (a steady
+change of the gradient between steps cancels there).
 
 `samples` trains a fixed batch of each `--grid` size from each seed to
 `--target` test accuracy (evaluated every `--eval-samples` samples) and
@@ -100,13 +102,14 @@ def noise(args):
     model = lenet()
     opt = adam(model, args.batch)
     half = args.batch // 2
-    window, ema, successive, previous = [], [0.0, 0.0], [0.0, 0.0], None
+    window, ema, successive, second, previous, earlier = [], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], \
+        None, None
     order, pos = torch.randperm(len(x)), 0
     print(f"batch {args.batch}, Adam lr {opt.param_groups[0]['lr']:.3g}; reference from "
           f"{args.chunks} x {CHUNK} samples\n")
     print("| step | samples | raw | preconditioned | v̂ = 0 | --adapt reads (EMA, low end) "
-          "| successive steps |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          "| successive steps | second difference |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for step in range(args.steps + 1):
         if step > 0 and step % args.check_every == 0:
             picked = torch.randperm(len(x), generator=chunks)[:args.chunks * CHUNK]
@@ -118,7 +121,7 @@ def noise(args):
             est, low = adapt_reading(window[-WINDOW:], ema)
             print(f"| {step} | {step * args.batch} | {reference(grads):.0f} | {pre:.3g} | "
                   f"{float((v == 0).float().mean()) * 100:.1f} % | {est:.0f}, {low:.0f} | "
-                  f"{successive[1] / successive[0]:.0f} |",
+                  f"{successive[1] / successive[0]:.0f} | {second[1] / second[0]:.0f} |",
                   flush=True)
         if step == args.steps:
             break
@@ -140,6 +143,13 @@ def noise(args):
                               (g + previous) / 2)
             d = SUCCESSIVE_DECAY
             successive = [d * successive[0] + (1 - d) * g2, d * successive[1] + (1 - d) * tr]
+        if earlier is not None:
+            # E|g1 − 2·g2 + g3|² = 6·tr(Σ)/B; E of the mean |g|² = |G|² + tr(Σ)/B.
+            tr = float((earlier - 2 * previous + g).pow(2).sum()) * args.batch / 6
+            g2 = float(torch.stack([earlier, previous, g]).pow(2).sum()) / 3 - tr / args.batch
+            d = SUCCESSIVE_DECAY
+            second = [d * second[0] + (1 - d) * g2, d * second[1] + (1 - d) * tr]
+        earlier = previous
         previous = g.clone()
         opt.step()
 

@@ -76,14 +76,14 @@ class Adaptation:
     def small_batch(self, n: int, micro: int) -> int:
         """The samples to measure first on this step: its first micro-batch
         under accumulation (free), else 0, as a step without accumulation
-        measures against the previous one (`measure_successive`)."""
+        measures against the previous ones (`measure_successive`)."""
         return micro if n > micro else 0
 
     def measure_successive(self, parameters: List[torch.Tensor], size: int,
                            loss_scale: Optional[torch.Tensor]) -> None:
         """A step without accumulation over `size` samples (all ranks'
         under DDP, whose gradients are averaged): its gradient against the
-        previous step's (`SuccessiveGradients`, one copy kept), unscaled."""
+        two steps before (`SuccessiveGradients`, two copies kept), unscaled."""
         measured = self.successive.measure(parameters, float(size), loss_scale)
         if measured is not None:
             small, small_sq, big, big_sq = measured

@@ -46,8 +46,8 @@ class Trainer:
       the default) or to the batch ratio alone (`adapt_lr="batch"`, as
       `train --adapt-lr batch`). The noise scale comes
       from what the step computes anyway (the first micro-batch against the
-      whole batch), or, without accumulation, each step against the previous
-      one (one copy of the gradients kept).
+      whole batch), or, without accumulation, each step against the two
+      before it (two copies of the gradients kept).
       Feed it with an `AdaptiveBatchSampler`, which hands out the next
       `plan.batch_size` samples; `batch_schedule` lists the changes, and
       `state_dict()`/`load_state_dict()` carry them over a resume.

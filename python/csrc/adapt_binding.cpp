@@ -26,6 +26,31 @@ py::dict change_dict(const BatchChange& c) {
   return d;
 }
 
+/// A copy (the kept tensors are overwritten at the next step), or None.
+py::object copy_or_none(const at::Tensor& t) {
+  return t.defined() ? py::cast(t.clone()) : py::none();
+}
+
+/// One kept step of SuccessiveGradients as a checkpoint's dict holds it.
+py::dict kept_to_dict(const SuccessiveGradients::Kept& kept) {
+  py::list gradient;
+  for (const auto& t : kept.gradient) gradient.append(copy_or_none(t));
+  return py::dict(py::arg("gradient") = gradient, py::arg("sq_norm") = copy_or_none(kept.sq_norm),
+                  py::arg("loss_scale") = copy_or_none(kept.loss_scale),
+                  py::arg("size") = kept.size);
+}
+
+SuccessiveGradients::Kept kept_from_dict(const py::handle& dict) {
+  SuccessiveGradients::Kept kept;
+  for (const auto& t : dict["gradient"]) {
+    kept.gradient.push_back(t.is_none() ? at::Tensor() : t.cast<at::Tensor>());
+  }
+  if (!dict["sq_norm"].is_none()) kept.sq_norm = dict["sq_norm"].cast<at::Tensor>();
+  if (!dict["loss_scale"].is_none()) kept.loss_scale = dict["loss_scale"].cast<at::Tensor>();
+  kept.size = dict["size"].cast<double>();
+  return kept;
+}
+
 }  // namespace
 
 void bind_adapt(py::module_& m) {
@@ -52,7 +77,7 @@ void bind_adapt(py::module_& m) {
   m.def("squared_gradient_norm", &squared_gradient_norm, py::arg("parameters"),
         "The squared L2 norm of all the parameters' gradients, a float scalar on their device.");
   py::class_<SuccessiveGradients>(m, "SuccessiveGradients",
-                                  "A step's gradient against the previous step's "
+                                  "A step's gradient against the two steps' before "
                                   "(see successive_gradients.h).")
       .def(py::init<>())
       .def("measure",
@@ -67,19 +92,11 @@ void bind_adapt(py::module_& m) {
       .def("reset", &SuccessiveGradients::reset)
       .def("state",
            [](const SuccessiveGradients& s) -> py::object {
-             // Copies: the kept tensors are overwritten at the next step.
              const SuccessiveGradients::State state = s.state();
-             if (state.size == 0) return py::none();
-             py::list previous;
-             for (const auto& t : state.previous) {
-               previous.append(t.defined() ? py::cast(t.clone()) : py::none());
-             }
-             return py::dict(
-                 py::arg("previous") = previous, py::arg("sq_norm") = state.sq_norm.clone(),
-                 py::arg("loss_scale") = state.loss_scale.defined()
-                                             ? py::cast(state.loss_scale.clone())
-                                             : py::none(),
-                 py::arg("size") = state.size);
+             if (state.previous.size == 0) return py::none();
+             return py::dict(py::arg("previous") = kept_to_dict(state.previous),
+                             py::arg("earlier") = kept_to_dict(state.earlier),
+                             py::arg("cross") = copy_or_none(state.cross));
            },
            "What a checkpoint keeps (None when nothing is kept).")
       .def("load_state",
@@ -89,14 +106,9 @@ void bind_adapt(py::module_& m) {
                return;
              }
              SuccessiveGradients::State loaded;
-             for (const auto& t : state["previous"]) {
-               loaded.previous.push_back(t.is_none() ? at::Tensor() : t.cast<at::Tensor>());
-             }
-             loaded.sq_norm = state["sq_norm"].cast<at::Tensor>();
-             if (!state["loss_scale"].is_none()) {
-               loaded.loss_scale = state["loss_scale"].cast<at::Tensor>();
-             }
-             loaded.size = state["size"].cast<double>();
+             loaded.previous = kept_from_dict(state["previous"]);
+             loaded.earlier = kept_from_dict(state["earlier"]);
+             if (!state["cross"].is_none()) loaded.cross = state["cross"].cast<at::Tensor>();
              s.load_state(std::move(loaded));
            },
            py::arg("state"))

@@ -40,11 +40,15 @@ void AdaptCheckpoint::load(const nlohmann::json& adapt, const std::string& path)
 }
 
 SuccessiveGradients::State on_device(SuccessiveGradients::State state, c10::Device device) {
-  for (at::Tensor& t : state.previous) {
+  const auto move = [&](at::Tensor& t) {
     if (t.defined()) t = t.to(device).clone();
+  };
+  for (SuccessiveGradients::Kept* kept : {&state.previous, &state.earlier}) {
+    for (at::Tensor& t : kept->gradient) move(t);
+    move(kept->sq_norm);
+    move(kept->loss_scale);
   }
-  state.sq_norm = state.sq_norm.to(device).clone();
-  if (state.loss_scale.defined()) state.loss_scale = state.loss_scale.to(device).clone();
+  move(state.cross);
   return state;
 }
 

@@ -188,18 +188,28 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
   };
   if (record.adapt) meta["adapt"] = *record.adapt;
   if (record.tokens) meta["tokens"] = *record.tokens;
-  if (const auto& kept = record.successive; kept && kept->size > 0) {
-    nlohmann::json defined = nlohmann::json::array();
-    for (size_t i = 0; i < kept->previous.size(); ++i) {
-      defined.push_back(kept->previous[i].defined());
-      if (kept->previous[i].defined()) {
-        put("noise/previous/" + std::to_string(i), kept->previous[i], false);
+  if (const auto& kept = record.successive; kept && kept->previous.size > 0) {
+    // The last step's gradient under noise/previous, the one before under
+    // noise/earlier (absent in checkpoints of one kept step).
+    const auto put_kept = [&](const std::string& name, const SuccessiveGradients::Kept& k) {
+      nlohmann::json defined = nlohmann::json::array();
+      for (size_t i = 0; i < k.gradient.size(); ++i) {
+        defined.push_back(k.gradient[i].defined());
+        if (k.gradient[i].defined()) {
+          put("noise/" + name + "/" + std::to_string(i), k.gradient[i], false);
+        }
       }
+      put("noise/" + name + "_sq_norm", k.sq_norm, false);
+      if (k.loss_scale.defined()) put("noise/" + name + "_scale", k.loss_scale, false);
+      return nlohmann::json{
+          {"size", k.size}, {"defined", defined}, {"scaled", k.loss_scale.defined()}};
+    };
+    nlohmann::json successive = put_kept("previous", kept->previous);
+    if (kept->earlier.size > 0) {
+      successive["earlier"] = put_kept("earlier", kept->earlier);
+      put("noise/cross", kept->cross, false);
     }
-    put("noise/previous_sq_norm", kept->sq_norm, false);
-    if (kept->loss_scale.defined()) put("noise/previous_scale", kept->loss_scale, false);
-    meta["successive"] = {
-        {"size", kept->size}, {"defined", defined}, {"scaled", kept->loss_scale.defined()}};
+    meta["successive"] = successive;
     meta["crc32"] = crcs;  // with the tensors just put
   }
   const std::string meta_text = meta.dump();
@@ -390,15 +400,24 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   if (meta.contains("successive")) {
     try {
       const auto& kept = meta.at("successive");
+      const auto get_kept = [&](const std::string& name, const nlohmann::json& about) {
+        SuccessiveGradients::Kept k;
+        k.size = about.at("size").get<double>();
+        const auto defined = about.at("defined").get<std::vector<bool>>();
+        for (size_t i = 0; i < defined.size(); ++i) {
+          k.gradient.push_back(defined[i] ? get("noise/" + name + "/" + std::to_string(i), false)
+                                          : at::Tensor());
+        }
+        k.sq_norm = get("noise/" + name + "_sq_norm", false);
+        if (about.at("scaled").get<bool>()) k.loss_scale = get("noise/" + name + "_scale", false);
+        return k;
+      };
       SuccessiveGradients::State state;
-      state.size = kept.at("size").get<double>();
-      const auto defined = kept.at("defined").get<std::vector<bool>>();
-      for (size_t i = 0; i < defined.size(); ++i) {
-        state.previous.push_back(defined[i] ? get("noise/previous/" + std::to_string(i), false)
-                                            : at::Tensor());
+      state.previous = get_kept("previous", kept);
+      if (kept.contains("earlier")) {
+        state.earlier = get_kept("earlier", kept.at("earlier"));
+        state.cross = get("noise/cross", false);
       }
-      state.sq_norm = get("noise/previous_sq_norm", false);
-      if (kept.at("scaled").get<bool>()) state.loss_scale = get("noise/previous_scale", false);
       record.successive = std::move(state);
     } catch (const Error&) {
       throw;

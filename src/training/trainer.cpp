@@ -267,8 +267,10 @@ TrainSummary Trainer::run() {
     train_step(*batch);
     ++step_;
     ++batch_in_epoch_;
-    samples_ += plan_.global_batch_size;
-    run_samples_ += plan_.global_batch_size;
+    // This step's samples: --adapt may change the global batch below.
+    const int64_t step_samples = plan_.global_batch_size;
+    samples_ += step_samples;
+    run_samples_ += step_samples;
     // Summed only where log lines read it: no op per step otherwise.
     if (options_.log_every() > 0) {
       window_loss_ = window_loss_.defined() ? window_loss_ + last_loss_tensor_ : last_loss_tensor_;
@@ -306,7 +308,7 @@ TrainSummary Trainer::run() {
     } else if ((options_.eval_every() > 0 && step_ % options_.eval_every() == 0) ||
                (options_.eval_every_samples() > 0 &&
                 samples_ / options_.eval_every_samples() >
-                    (samples_ - plan_.global_batch_size) / options_.eval_every_samples())) {
+                    (samples_ - step_samples) / options_.eval_every_samples())) {
       settle_clock();
       reached = evaluate_now(TrainEvent::Kind::kEvaluation);
     }

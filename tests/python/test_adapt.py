@@ -137,12 +137,13 @@ def test_the_lr_follows_the_gain_or_by_adapt_lr_the_batch_ratio():
             assert 0.05 <= change["lr"] < by_ratio * (1 - 1e-6), change
 
 
-def test_without_accumulation_every_step_measures_the_noise_against_the_previous_one():
+def test_without_accumulation_every_step_measures_the_noise_against_the_previous_ones():
     trainer, _, _ = _train(_mlp(), 12, _StepClock(), every=1000)
     trainer._adapt._flush()
     # Splitting one step in 10 would have measured twice; successive steps
-    # measure every step but the first, for one kept copy of the gradients.
-    assert trainer._adapt.noise.measurements() == 11
+    # measure every step but the first two, for two kept copies of the
+    # gradients.
+    assert trainer._adapt.noise.measurements() == 10
     assert trainer._adapt.successive.holding
     assert trainer.noise_scale is not None
 

@@ -33,8 +33,8 @@ struct StepOptions {
   TORCH_ARG(bool, measure_noise_scale) = false;
   /// Without accumulation, one step in this many is split to measure it.
   TORCH_ARG(int64_t, noise_scale_every) = kNoiseScaleEveryWithoutAccumulation;
-  /// Without accumulation, measure every step against the previous one
-  /// instead (`SuccessiveGradients`: no split, one copy of the gradients
+  /// Without accumulation, measure every step against the two before it
+  /// instead (`SuccessiveGradients`: no split, two copies of the gradients
   /// kept). Not under data parallelism, whose ranks measure each step.
   TORCH_ARG(bool, noise_from_successive_steps) = false;
   /// Data parallel: the ranks measure every step (this rank's gradient
@@ -114,7 +114,7 @@ class TrainingStep {
 
  private:
   at::Tensor accumulate(const Batch& batch, double* data_seconds);
-  /// The gradients just made, over `size`, against the previous step's.
+  /// The gradients just made, over `size`, against the two steps' before.
   void measure_successive(double size);
   at::Tensor accumulate_measuring_noise(const Batch& batch, int64_t small_batch,
                                         double* data_seconds);
