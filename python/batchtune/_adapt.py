@@ -4,7 +4,9 @@ scale, by the library's own policy (`train --adapt`, batch_adapter.h), and
 moment."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional
+import math
+import numbers
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import torch
 
@@ -33,6 +35,26 @@ def check_arguments(every: Any, max_global_batch: Any, lr: Any = "gain",
     _core.check_adapt_options(every, max_global_batch or 0, str(lr), min_global_batch or 0)
 
 
+def speed_profile(speeds: Optional[Mapping[int, float]]) -> Dict[int, float]:
+    """`adapt_speeds` checked: samples/s (positive, finite) by global batch (a
+    whole number of at least 1), as `TuneResult.speed_profile()` gives them;
+    None for none."""
+    if speeds is None:
+        return {}
+    if not isinstance(speeds, Mapping):
+        raise TypeError(f"adapt_speeds: must map a global batch to its samples/s, like "
+                        f"result.speed_profile(); got {type(speeds).__name__}")
+    profile = {}
+    for batch, samples_per_s in speeds.items():
+        size = _checks.integer("adapt_speeds", batch)
+        if isinstance(samples_per_s, bool) or not isinstance(samples_per_s, numbers.Real) or \
+                not (0 < samples_per_s < math.inf):
+            raise _core.Error(f"adapt_speeds: the speed of global batch {size} must be a positive "
+                              f"number of samples/s, got {samples_per_s!r}")
+        profile[size] = float(samples_per_s)
+    return profile
+
+
 def adapt_lr_rule(adapt: bool, lr: Optional[Any]) -> str:
     """The lr rule of `adapt_lr` (None: "gain", the default); refused when
     given without `adapt`, as `train --adapt-lr` is without `--adapt`."""
@@ -48,13 +70,14 @@ class Adaptation:
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
                  clock: Callable[[], float], group: Optional[Any], lr: str = "gain",
-                 min_global_batch: Optional[int] = None):
+                 min_global_batch: Optional[int] = None,
+                 speeds: Optional[Mapping[int, float]] = None):
         check_arguments(every, max_global_batch, lr, min_global_batch)
         # The policy checks adapt_max_batch and adapt_min_batch against the
         # plan's global batch.
         self.adapter = _core.BatchAdapter(plan.global_batch_size, plan.lr, plan.lr_scaling,
                                           plan.world_size, every, max_global_batch or 0, lr,
-                                          min_global_batch or 0)
+                                          min_global_batch or 0, speed_profile(speeds))
         self.noise = _core.NoiseScaleEstimator()
         self.successive = _core.SuccessiveGradients()
         self.every = every

@@ -233,12 +233,13 @@ class LightningAdaptation:
     gain already applied to the optimizer and its schedulers."""
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int], clock,
-                 batches: _Batches, lr: str = "gain", min_global_batch: Optional[int] = None):
+                 batches: _Batches, lr: str = "gain", min_global_batch: Optional[int] = None,
+                 speeds: Optional[Dict[int, float]] = None):
         self.base = plan
         self.current = dataclasses.replace(plan, reasons=list(plan.reasons),
                                            warnings=list(plan.warnings))
         self.adaptation = Adaptation(plan, every, max_global_batch, clock, None, lr,
-                                     min_global_batch)
+                                     min_global_batch, speeds)
         self.batches = batches
         self.pending: Optional[Dict[str, Any]] = None  # decided, not trained yet
         self.gain = 1.0                                # applied to the lrs

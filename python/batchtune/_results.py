@@ -119,6 +119,15 @@ class TuneResult:
     it did not run (`sweep=False`). The plan's `eval_micro_batch_size`."""
     _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
+    def speed_profile(self) -> Dict[int, float]:
+        """The sweep's samples/s by global batch (a row's batch on every rank of
+        the plan, no accumulation), for `Trainer(adapt=True, adapt_speeds=...)`:
+        a batch `adapt` has not run is then expected at today's speed times
+        the ratio measured here. Empty when no sweep ran."""
+        world_size = self.plan.world_size if self.plan is not None else 1
+        return {row.batch_size * world_size: row.samples_per_s
+                for row in self.sweep if row.samples_per_s > 0}
+
     def to_dict(self) -> Dict[str, Any]:
         """The same fields as `batchtune tune --json`: `max_batch_size`,
         `search`, `trials`, `sweep`, `chosen_batch_size`, `objective`,

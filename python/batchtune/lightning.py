@@ -96,7 +96,9 @@ class BatchTune(Callback):
             largest the tune saw fit and then accumulating; the lr follows
             (ramped over 20 steps, on top of the schedule) the plan's scaling
             rule applied to the AdaScale gain, or with `adapt_lr="batch"` to
-            the batch ratio alone.
+            the batch ratio alone. A global batch not yet run is tried only
+            where the tune's sweep says its speed can win (`adapt_speeds` of
+            the Trainer, filled in from this callback's own tune).
             The train dataloader is made again with a batch sampler that hands
             out the next micro-batches of the global batch of the moment.
         adapt_seed: the seed of the epochs' order under adapt (the same on
@@ -371,8 +373,11 @@ class BatchTune(Callback):
                               "out its indices, so give a map-style data set") from None
         batches = _Batches(size, shuffled(loader), self.adapt_seed, trainer.global_rank,
                            trainer.world_size, plan.micro_batch_size, plan.accumulation_steps)
+        # The tune's sweep: a batch not yet run is tried only where its speed
+        # ratio says it can win, as after `train --adapt`'s quick tune.
+        speeds = self.result.speed_profile() if self.result is not None else None
         adapt = LightningAdaptation(plan, self.adapt_every, self.adapt_max_batch, self.clock,
-                                    batches, self.adapt_lr, self.adapt_min_batch)
+                                    batches, self.adapt_lr, self.adapt_min_batch, speeds)
         if self._fits > 0:
             # Lightning has no out-of-memory recovery: the micro-batch grows up
             # to what the tune saw fit, then the step accumulates.

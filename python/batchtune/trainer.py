@@ -5,7 +5,7 @@ import dataclasses
 import gc
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 
@@ -44,7 +44,11 @@ class Trainer:
       plan's / 32; the plan's own to never go below it), the lr following the plan's scaling rule,
       ramped over 20 steps, applied to the AdaScale gain (`adapt_lr="gain"`,
       the default) or to the batch ratio alone (`adapt_lr="batch"`, as
-      `train --adapt-lr batch`). The noise scale comes
+      `train --adapt-lr batch`). A global batch not yet run is tried for
+      one window where it might win; with `adapt_speeds` (samples/s by
+      global batch, as a tune measured them: `result.speed_profile()`) only
+      where the tune's speed ratio says it can, as `train --adapt` after
+      its quick tune. The noise scale comes
       from what the step computes anyway (the first micro-batch against the
       whole batch), or, without accumulation, each step against the two
       before it (two copies of the gradients kept).
@@ -68,6 +72,7 @@ class Trainer:
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  adapt_min_batch: Optional[int] = None,
+                 adapt_speeds: Optional[Mapping[int, float]] = None,
                  clock: Callable[[], float] = time.perf_counter):
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")
@@ -91,12 +96,14 @@ class Trainer:
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
         self._adapt: Optional[Adaptation] = None
         lr_rule = adapt_lr_rule(adapt, adapt_lr)
+        if adapt_speeds is not None and not adapt:
+            raise _core.Error("adapt_speeds: guides adapt; give adapt=True, or leave it out")
         if adapt:
             if not scale_lr:
                 raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False "
                                   "turns off; drop one of them")
             self._adapt = Adaptation(self.plan, adapt_every, adapt_max_batch, clock, group,
-                                     lr_rule, adapt_min_batch)
+                                     lr_rule, adapt_min_batch, adapt_speeds)
 
     @property
     def batch_schedule(self) -> List[Dict[str, Any]]:

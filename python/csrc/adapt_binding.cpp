@@ -130,18 +130,21 @@ void bind_adapt(py::module_& m) {
   py::class_<BatchAdapter>(m, "BatchAdapter", "The policy of `train --adapt` (see batch_adapter.h).")
       .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
                        int64_t world_size, int64_t every, int64_t max_global_batch,
-                       const std::string& lr, int64_t min_global_batch) {
+                       const std::string& lr, int64_t min_global_batch,
+                       SpeedProfile speed_profile) {
              return BatchAdapter(base_batch, base_lr, parse_lr_scaling(lr_scaling, "lr_scaling"),
                                  world_size,
                                  AdaptOptions()
                                      .every(every)
                                      .max_global_batch(max_global_batch)
                                      .min_global_batch(min_global_batch)
-                                     .lr(parse_adapt_lr(lr)));
+                                     .lr(parse_adapt_lr(lr))
+                                     .speed_profile(std::move(speed_profile)));
            }),
            py::arg("base_batch"), py::arg("base_lr"), py::arg("lr_scaling"),
            py::arg("world_size"), py::arg("every"), py::arg("max_global_batch"),
-           py::arg("lr") = "gain", py::arg("min_global_batch") = 0)
+           py::arg("lr") = "gain", py::arg("min_global_batch") = 0,
+           py::arg("speed_profile") = SpeedProfile{})
       .def("observe", &BatchAdapter::observe, py::arg("global_batch"), py::arg("seconds"),
            py::arg("samples"))
       .def("end_window", &BatchAdapter::end_window, py::arg("global_batch"), py::arg("seconds"),

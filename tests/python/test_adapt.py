@@ -2,6 +2,7 @@
 noise scale by the library's policy, the sampler hands out the next samples
 at the size of the moment, and a resume continues the same schedule. The
 policy's decisions themselves are tested in C++ (batch_adapter_test.cpp)."""
+import json
 import types
 
 import pytest
@@ -100,6 +101,39 @@ def test_the_batch_grows_where_it_pays_and_the_loader_follows_at_the_next_batch(
     assert trainer.plan.global_batch_size == schedule[-1]["global_batch_size"]
     assert plan.global_batch_size == 16, "the caller's plan is not changed"
     assert trainer.noise_scale is not None
+
+
+def test_the_tunes_speeds_keep_a_batch_it_measured_no_faster_from_being_tried():
+    """The clock makes twice the batch twice as fast per sample (the test
+    above grows), but the tune measured every batch at the same samples/s:
+    a larger batch would then lose goodput, so none is tried; the profile
+    goes into state_dict, and a resume keeps it."""
+    flat = {16: 1000.0, 32: 1000.0, 64: 1000.0, 128: 1000.0}
+    trainer, _, sizes = _train(_mlp(), 60, _StepClock(), adapt_min_batch=16, adapt_speeds=flat)
+    assert [c["global_batch_size"] for c in trainer.batch_schedule] == [16]
+    assert {size for _, size in sizes} == {16}
+    policy = json.loads(trainer.state_dict()["adapt"]["policy"])
+    assert {p["global_batch_size"]: p["samples_per_s"] for p in policy["speed_profile"]} == flat
+    resumed = batchtune.Trainer(_mlp(), torch.optim.SGD(_mlp().parameters(), lr=0.05), _loss,
+                                _plan(), adapt=True, adapt_min_batch=16)
+    resumed.load_state_dict(trainer.state_dict())
+    assert json.loads(resumed.state_dict()["adapt"]["policy"])["speed_profile"] == \
+        policy["speed_profile"]
+
+
+def test_a_tunes_speed_profile_is_its_sweep_by_global_batch():
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = _dataset(512)
+    result = batchtune.tune(model, optimizer, _loss,
+                            lambda n: (data.tensors[0][:n], data.tensors[1][:n]),
+                            memory_limit="64MiB", max_batch=64, amp="off", report=None,
+                            time_budget=60, world_size=2, base_batch=16)
+    assert len(result.sweep) >= 2, "the tune swept"
+    # A row's micro-batch on each of the plan's 2 ranks: the global batch.
+    assert result.speed_profile() == {2 * row.batch_size: row.samples_per_s
+                                      for row in result.sweep}
+    assert all(speed > 0 for speed in result.speed_profile().values())
 
 
 def test_a_batch_no_faster_per_sample_shrinks_to_adapt_min_batch_and_the_loader_follows():
@@ -218,6 +252,16 @@ def test_bad_adapt_arguments_are_refused_naming_them():
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_lr="linear")
     with pytest.raises(batchtune.Error, match="^adapt_lr: tunes adapt; give adapt=True"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt_lr="batch")
+    with pytest.raises(batchtune.Error, match="^adapt_speeds: guides adapt; give adapt=True"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt_speeds={16: 100.0})
+    with pytest.raises(TypeError, match="^adapt_speeds: must map a global batch"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_speeds=[16, 100.0])
+    with pytest.raises(batchtune.Error, match="^adapt_speeds: must be at least 1, got 0$"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_speeds={0: 100.0})
+    with pytest.raises(batchtune.Error, match="^adapt_speeds: the speed of global batch 16 must "
+                                              "be a positive number of samples/s, got nan$"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True,
+                          adapt_speeds={16: float("nan")})
     plain = batchtune.Trainer(model, optimizer, _loss, _plan())
     adapting = batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True)
     with pytest.raises(batchtune.Error, match="^state_dict:"):

@@ -3,7 +3,9 @@ Lightning's loop — the train dataloader's batches follow from the step the
 change takes effect at, each sample once an epoch, the lr with them, and a
 resume from a Lightning checkpoint continues the same schedule. The
 decisions here are scripted (the policy is tested in C++ and test_adapt.py),
-except in the last test, which runs the policy on a fake clock."""
+except in the last tests, which run the policy on a fake clock."""
+import json
+
 import pytest
 import torch
 
@@ -119,7 +121,8 @@ class Record(pl.Callback):
 def _fit(steps, script=None, save=None, ckpt=None, max_batch=16, every=5, module_type=None,
          **kwargs):
     clock = StepClock()
-    tuner = BatchTune(memory_limit=LIMIT, sweep=False, max_batch=max_batch, adapt=True,
+    kwargs.setdefault("sweep", False)
+    tuner = BatchTune(memory_limit=LIMIT, max_batch=max_batch, adapt=True,
                       adapt_every=every, clock=clock, time_budget=30, **kwargs)
     record = Record(tuner, clock, script, save)
     module = (module_type or Module)(_data())
@@ -286,6 +289,16 @@ def test_the_policy_grows_the_batch_where_a_larger_one_is_faster():
     assert len(schedule) >= 2, schedule
     assert schedule[1]["global_batch_size"] > schedule[0]["global_batch_size"]
     assert schedule[1]["noise_scale"] is not None
+
+
+def test_the_policy_gets_the_tunes_sweep_as_its_speed_profile():
+    """A batch not yet run is expected at the speed ratio the callback's own
+    tune measured (as `train --adapt` after its quick tune)."""
+    tuner, _, _, _ = _fit(10, max_batch=64, every=5, sweep=True)
+    assert len(tuner.result.sweep) >= 2
+    policy = json.loads(tuner._adapt.adaptation.adapter.state())
+    assert {p["global_batch_size"]: p["samples_per_s"] for p in policy["speed_profile"]} == \
+        tuner.result.speed_profile()
 
 
 def test_adapt_lr_batch_scales_the_lr_by_the_batch_ratio_alone():
