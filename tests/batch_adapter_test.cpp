@@ -237,6 +237,57 @@ TEST(BatchAdapter, TheTunesSpeedsDecideWhatIsWorthATry) {
   EXPECT_FALSE(restored.decide(50, 64, 300.0, 10, noise).has_value());
 }
 
+TEST(BatchAdapter, ATunesIntervalsGiveATryWhereItsMedianWouldNot) {
+  // At 64 (10,000 samples/s), noise scale 300, likely 250-350: at the high
+  // end 32 is 8.4 % more efficient. The tune's medians put 32 at 0.93x 64's
+  // speed (a goodput of 1.008x: no try), but their intervals allow 32 up to
+  // 10,300 / 9,700 = 1.06x (1.15x the goodput): the tune could not tell, so
+  // one window measures it. 128, at most 10,800 / 9,700 = 1.11x as fast and
+  // at the low end 17 % less efficient, is tried by neither.
+  const NoiseInterval noise{250, 350};
+  BatchAdapter medians(64, 1e-3, LrScaling::kSqrt, 1,
+                       AdaptOptions().speed_profile({{32, 9300}, {64, 10000}, {128, 10500}}));
+  run_at(medians, 64, 10000);
+  EXPECT_FALSE(medians.decide(50, 64, 300.0, 10, noise).has_value());
+  const SpeedProfile tune{{32, TunedSpeed(9300, 8800, 10300)},
+                          {64, TunedSpeed(10000, 9700, 10400)},
+                          {128, TunedSpeed(10500, 10200, 10800)}};
+  BatchAdapter intervals(64, 1e-3, LrScaling::kSqrt, 1, AdaptOptions().speed_profile(tune));
+  run_at(intervals, 64, 10000);
+  const nlohmann::json saved = intervals.state();
+  const auto tried = intervals.decide(50, 64, 300.0, 10, noise);
+  ASSERT_TRUE(tried);
+  EXPECT_EQ(tried->global_batch_size, 32);
+  EXPECT_NE(tried->reason.find("the tune measured 0.93x, its intervals allow 1.06x"),
+            std::string::npos)
+      << tried->reason;
+  // A sweep too noisy to say anything says no more than no sweep: 32 at up
+  // to the same speed, not the 3x its intervals would allow.
+  BatchAdapter noisy(64, 1e-3, LrScaling::kSqrt, 1,
+                     AdaptOptions().speed_profile({{32, TunedSpeed(9300, 4000, 15000)},
+                                                   {64, TunedSpeed(10000, 5000, 15000)}}));
+  run_at(noisy, 64, 10000);
+  const auto capped = noisy.decide(50, 64, 300.0, 10, noise);
+  ASSERT_TRUE(capped);
+  EXPECT_NE(capped->reason.find("at up to 1.00x today's throughput (the tune measured 0.93x, "
+                                "its intervals allow 3.00x)"),
+            std::string::npos)
+      << capped->reason;
+  // The intervals go into the state, and a state written before they were
+  // kept reads as medians alone.
+  BatchAdapter restored(64, 1e-3, LrScaling::kSqrt, 1);
+  restored.load_state(saved);
+  EXPECT_TRUE(restored.decide(50, 64, 300.0, 10, noise).has_value());
+  nlohmann::json old = saved;
+  for (auto& p : old["speed_profile"]) {
+    p.erase("low");
+    p.erase("high");
+  }
+  BatchAdapter from_old(64, 1e-3, LrScaling::kSqrt, 1);
+  from_old.load_state(old);
+  EXPECT_FALSE(from_old.decide(50, 64, 300.0, 10, noise).has_value());
+}
+
 TEST(BatchAdapter, TheLrFollowsTheAdaScaleGainUnderThePlansRule) {
   BatchAdapter linear(64, 0.1, LrScaling::kLinear, 1);
   // Gain r = (B/B0) E(B): 2 x (100 + 64) / (100 + 128) = 1.4386.

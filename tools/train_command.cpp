@@ -36,13 +36,16 @@ constexpr double kProgressIntervalS = 0.25;
 /// and epochs × steps per epoch stays inside int64.
 constexpr int64_t kMaxEpochs = 1000000;
 
-/// The quick tune's throughput by global batch (its micro-batches on every
-/// rank, no accumulation), which `--adapt` expects a batch it has not run
-/// at; empty where no tune ran.
+/// The quick tune's throughput by global batch with its interval (its
+/// micro-batches on every rank, no accumulation), which `--adapt` expects a
+/// batch it has not run at; empty where no tune ran.
 SpeedProfile speed_profile(const std::vector<SweepRow>& sweep, int64_t world_size) {
   SpeedProfile profile;
   for (const SweepRow& row : sweep) {
-    if (row.samples_per_s > 0) profile[row.batch_size * world_size] = row.samples_per_s;
+    if (row.samples_per_s <= 0) continue;
+    const Estimate& ci = row.samples_per_s_ci;
+    profile[row.batch_size * world_size] =
+        ci.n > 0 ? TunedSpeed(row.samples_per_s, ci.low, ci.high) : TunedSpeed(row.samples_per_s);
   }
   return profile;
 }

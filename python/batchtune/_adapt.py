@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -35,23 +35,27 @@ def check_arguments(every: Any, max_global_batch: Any, lr: Any = "gain",
     _core.check_adapt_options(every, max_global_batch or 0, str(lr), min_global_batch or 0)
 
 
-def speed_profile(speeds: Optional[Mapping[int, float]]) -> Dict[int, float]:
-    """`adapt_speeds` checked: samples/s (positive, finite) by global batch (a
-    whole number of at least 1), as `TuneResult.speed_profile()` gives them;
-    None for none."""
+def speed_profile(speeds: Optional[Mapping[int, Any]]) -> Dict[int, Tuple[float, float, float]]:
+    """`adapt_speeds` checked, as (median, low, high) by global batch: each
+    batch a whole number of at least 1, its speed positive samples/s, a
+    number (the median alone) or a `(median, low, high)` triple with its
+    interval, as `TuneResult.speed_profile()` gives them; None for none."""
     if speeds is None:
         return {}
     if not isinstance(speeds, Mapping):
         raise TypeError(f"adapt_speeds: must map a global batch to its samples/s, like "
                         f"result.speed_profile(); got {type(speeds).__name__}")
     profile = {}
-    for batch, samples_per_s in speeds.items():
+    for batch, speed in speeds.items():
         size = _checks.integer("adapt_speeds", batch)
-        if isinstance(samples_per_s, bool) or not isinstance(samples_per_s, numbers.Real) or \
-                not (0 < samples_per_s < math.inf):
-            raise _core.Error(f"adapt_speeds: the speed of global batch {size} must be a positive "
-                              f"number of samples/s, got {samples_per_s!r}")
-        profile[size] = float(samples_per_s)
+        triple = tuple(speed) if isinstance(speed, (tuple, list)) else (speed, speed, speed)
+        if len(triple) != 3 or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or
+                                   not (0 < v < math.inf) for v in triple) or \
+                not triple[1] <= triple[0] <= triple[2]:
+            raise _core.Error(f"adapt_speeds: the speed of global batch {size} must be positive "
+                              f"samples/s, or (median, low, high) with low <= median <= high; "
+                              f"got {speed!r}")
+        profile[size] = tuple(float(v) for v in triple)
     return profile
 
 
@@ -71,7 +75,7 @@ class Adaptation:
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int],
                  clock: Callable[[], float], group: Optional[Any], lr: str = "gain",
                  min_global_batch: Optional[int] = None,
-                 speeds: Optional[Mapping[int, float]] = None):
+                 speeds: Optional[Mapping[int, Any]] = None):
         check_arguments(every, max_global_batch, lr, min_global_batch)
         # The policy checks adapt_max_batch and adapt_min_batch against the
         # plan's global batch.

@@ -234,7 +234,7 @@ class LightningAdaptation:
 
     def __init__(self, plan: Any, every: int, max_global_batch: Optional[int], clock,
                  batches: _Batches, lr: str = "gain", min_global_batch: Optional[int] = None,
-                 speeds: Optional[Dict[int, float]] = None):
+                 speeds: Optional[Dict[int, Any]] = None):
         self.base = plan
         self.current = dataclasses.replace(plan, reasons=list(plan.reasons),
                                            warnings=list(plan.warnings))

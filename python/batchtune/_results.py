@@ -119,14 +119,23 @@ class TuneResult:
     it did not run (`sweep=False`). The plan's `eval_micro_batch_size`."""
     _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
-    def speed_profile(self) -> Dict[int, float]:
+    def speed_profile(self) -> Dict[int, Tuple[float, float, float]]:
         """The sweep's samples/s by global batch (a row's batch on every rank of
-        the plan, no accumulation), for `Trainer(adapt=True, adapt_speeds=...)`:
-        a batch `adapt` has not run is then expected at today's speed times
-        the ratio measured here. Empty when no sweep ran."""
+        the plan, no accumulation) as (median, low, high), the ends its 95 %
+        interval's (the median where it has none), for `Trainer(adapt=True,
+        adapt_speeds=...)`: a batch `adapt` has not run is then expected at
+        today's speed times the ratio measured here, and tried where the
+        hopeful end of that ratio could win. Empty when no sweep ran."""
         world_size = self.plan.world_size if self.plan is not None else 1
-        return {row.batch_size * world_size: row.samples_per_s
-                for row in self.sweep if row.samples_per_s > 0}
+        profile = {}
+        for row in self.sweep:
+            if row.samples_per_s <= 0:
+                continue
+            low, high = row.samples_per_s_ci or (row.samples_per_s, row.samples_per_s)
+            low = min(low, row.samples_per_s) if low > 0 else row.samples_per_s
+            profile[row.batch_size * world_size] = (row.samples_per_s, low,
+                                                    max(high, row.samples_per_s))
+        return profile
 
     def to_dict(self) -> Dict[str, Any]:
         """The same fields as `batchtune tune --json`: `max_batch_size`,

@@ -46,8 +46,9 @@ class Trainer:
       the default) or to the batch ratio alone (`adapt_lr="batch"`, as
       `train --adapt-lr batch`). A global batch not yet run is tried for
       one window where it might win; with `adapt_speeds` (samples/s by
-      global batch, as a tune measured them: `result.speed_profile()`) only
-      where the tune's speed ratio says it can, as `train --adapt` after
+      global batch, as a tune measured them with their intervals:
+      `result.speed_profile()`) only where the tune's speed ratio, at the
+      hopeful end of its interval, says it can, as `train --adapt` after
       its quick tune. The noise scale comes
       from what the step computes anyway (the first micro-batch against the
       whole batch), or, without accumulation, each step against the two
@@ -72,7 +73,7 @@ class Trainer:
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  adapt_min_batch: Optional[int] = None,
-                 adapt_speeds: Optional[Mapping[int, float]] = None,
+                 adapt_speeds: Optional[Mapping[int, Any]] = None,
                  clock: Callable[[], float] = time.perf_counter):
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")

@@ -131,7 +131,13 @@ void bind_adapt(py::module_& m) {
       .def(py::init([](int64_t base_batch, double base_lr, const std::string& lr_scaling,
                        int64_t world_size, int64_t every, int64_t max_global_batch,
                        const std::string& lr, int64_t min_global_batch,
-                       SpeedProfile speed_profile) {
+                       const std::map<int64_t, std::tuple<double, double, double>>& speeds) {
+             // (median, low, high) by global batch, checked by the caller (_adapt.py).
+             SpeedProfile speed_profile;
+             for (const auto& [batch, s] : speeds) {
+               speed_profile[batch] =
+                   TunedSpeed(std::get<0>(s), std::get<1>(s), std::get<2>(s));
+             }
              return BatchAdapter(base_batch, base_lr, parse_lr_scaling(lr_scaling, "lr_scaling"),
                                  world_size,
                                  AdaptOptions()
@@ -144,7 +150,7 @@ void bind_adapt(py::module_& m) {
            py::arg("base_batch"), py::arg("base_lr"), py::arg("lr_scaling"),
            py::arg("world_size"), py::arg("every"), py::arg("max_global_batch"),
            py::arg("lr") = "gain", py::arg("min_global_batch") = 0,
-           py::arg("speed_profile") = SpeedProfile{})
+           py::arg("speed_profile") = std::map<int64_t, std::tuple<double, double, double>>{})
       .def("observe", &BatchAdapter::observe, py::arg("global_batch"), py::arg("seconds"),
            py::arg("samples"))
       .def("end_window", &BatchAdapter::end_window, py::arg("global_batch"), py::arg("seconds"),

@@ -175,13 +175,20 @@ double BatchAdapter::goodput(int64_t global_batch, double noise_scale,
                                                 static_cast<double>(global_batch));
 }
 
-std::optional<double> BatchAdapter::expected_speed(int64_t candidate, int64_t global_batch,
-                                                   double here) const {
+std::optional<ExpectedSpeed> BatchAdapter::expected_speed(int64_t candidate,
+                                                          int64_t global_batch) const {
   const SpeedProfile& profile = options_.speed_profile();
   const auto to = profile.find(candidate);
   const auto from = profile.find(global_batch);
-  if (to == profile.end() || from == profile.end() || !(from->second > 0)) return std::nullopt;
-  return here * to->second / from->second;
+  if (to == profile.end() || from == profile.end() || !(from->second.median > 0)) {
+    return std::nullopt;
+  }
+  // An end missing or on the wrong side of its median counts as the median.
+  const double from_low = from->second.low > 0 && from->second.low <= from->second.median
+                              ? from->second.low
+                              : from->second.median;
+  const double to_high = std::max(to->second.high, to->second.median);
+  return ExpectedSpeed{to->second.median / from->second.median, to_high / from_low};
 }
 
 BatchChange BatchAdapter::change_to(int64_t step, int64_t global_batch, double noise_scale,
@@ -288,14 +295,23 @@ std::optional<BatchChange> BatchAdapter::choose(int64_t step, int64_t global_bat
     // no try.
     if (same_micro) continue;
     const bool larger = candidate > global_batch;
-    const std::optional<double> expected = expected_speed(candidate, global_batch, *here);
-    const double bound = goodput(candidate, at, expected.value_or((larger ? 2 : 1) * *here));
+    // The tune's ratio at the hopeful end of its intervals, never past the
+    // bound of a batch no tune measured: a sweep too noisy to say more says
+    // no more than no sweep.
+    const double most_hopeful = larger ? 2.0 : 1.0;
+    const std::optional<ExpectedSpeed> expected = expected_speed(candidate, global_batch);
+    const double factor = expected ? std::min(expected->hopeful, most_hopeful) : most_hopeful;
+    const double bound = goodput(candidate, at, factor * *here);
     if (!best && bound / current > best_gain) {
       exploring = true;
       const std::string how =
-          expected ? fmt::format("at the {:.2f}x today's throughput the tune measured",
-                                 *expected / *here)
-                   : fmt::format("at up to {} throughput", larger ? "twice the" : "the same");
+          !expected ? fmt::format("at up to {} throughput", larger ? "twice the" : "the same")
+          : expected->hopeful > expected->ratio
+              ? fmt::format("at up to {:.2f}x today's throughput (the tune measured {:.2f}x, "
+                            "its intervals allow {:.2f}x)",
+                            factor, expected->ratio, expected->hopeful)
+              : fmt::format("at the {:.2f}x today's throughput the tune measured",
+                            expected->ratio);
       best = change_to(step, candidate, ns,
                        fmt::format("trying global batch {} for {} steps: {} its goodput could "
                                    "reach {:.0f} against {} ({})",
@@ -313,8 +329,11 @@ nlohmann::json BatchAdapter::state() const {
     speeds.push_back({{"global_batch_size", batch}, {"seconds", s.seconds}, {"samples", s.samples}});
   }
   nlohmann::json profile = nlohmann::json::array();
-  for (const auto& [batch, samples_per_s] : options_.speed_profile()) {
-    profile.push_back({{"global_batch_size", batch}, {"samples_per_s", samples_per_s}});
+  for (const auto& [batch, speed] : options_.speed_profile()) {
+    profile.push_back({{"global_batch_size", batch},
+                       {"samples_per_s", speed.median},
+                       {"low", speed.low},
+                       {"high", speed.high}});
   }
   return {{"base_batch", base_batch_},
           {"micro_batch_cap", micro_cap_},
@@ -351,7 +370,10 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
   // The profile of the tune the run started from: a resume tunes nothing.
   SpeedProfile profile;
   for (const auto& p : state.value("speed_profile", nlohmann::json::array())) {
-    profile[p.at("global_batch_size").get<int64_t>()] = p.at("samples_per_s").get<double>();
+    // A state saved before the intervals were kept: the median alone.
+    const double median = p.at("samples_per_s").get<double>();
+    profile[p.at("global_batch_size").get<int64_t>()] =
+        TunedSpeed(median, p.value("low", median), p.value("high", median));
   }
   options_.speed_profile(std::move(profile));
 }

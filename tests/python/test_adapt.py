@@ -130,10 +130,21 @@ def test_a_tunes_speed_profile_is_its_sweep_by_global_batch():
                             memory_limit="64MiB", max_batch=64, amp="off", report=None,
                             time_budget=60, world_size=2, base_batch=16)
     assert len(result.sweep) >= 2, "the tune swept"
-    # A row's micro-batch on each of the plan's 2 ranks: the global batch.
-    assert result.speed_profile() == {2 * row.batch_size: row.samples_per_s
-                                      for row in result.sweep}
-    assert all(speed > 0 for speed in result.speed_profile().values())
+    # A row's micro-batch on each of the plan's 2 ranks: the global batch,
+    # its median with the interval's ends.
+    profile = result.speed_profile()
+    assert sorted(profile) == sorted(2 * row.batch_size for row in result.sweep)
+    for row in result.sweep:
+        median, low, high = profile[2 * row.batch_size]
+        assert median == row.samples_per_s and 0 < low <= median <= high
+        if row.samples_per_s_ci is not None:
+            assert (low, high) == (min(row.samples_per_s_ci[0], median),
+                                   max(row.samples_per_s_ci[1], median))
+    trainer = batchtune.Trainer(model, optimizer, _loss, result.plan, adapt=True,
+                                adapt_speeds=profile)
+    policy = json.loads(trainer.state_dict()["adapt"]["policy"])
+    assert {p["global_batch_size"]: (p["samples_per_s"], p["low"], p["high"])
+            for p in policy["speed_profile"]} == profile
 
 
 def test_a_batch_no_faster_per_sample_shrinks_to_adapt_min_batch_and_the_loader_follows():
@@ -259,9 +270,13 @@ def test_bad_adapt_arguments_are_refused_naming_them():
     with pytest.raises(batchtune.Error, match="^adapt_speeds: must be at least 1, got 0$"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True, adapt_speeds={0: 100.0})
     with pytest.raises(batchtune.Error, match="^adapt_speeds: the speed of global batch 16 must "
-                                              "be a positive number of samples/s, got nan$"):
+                                              r"be positive samples/s, .*; got nan$"):
         batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True,
                           adapt_speeds={16: float("nan")})
+    with pytest.raises(batchtune.Error, match=r"^adapt_speeds: .* low <= median <= high; "
+                                              r"got \(100.0, 120.0, 130.0\)$"):
+        batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True,
+                          adapt_speeds={16: (100.0, 120.0, 130.0)})
     plain = batchtune.Trainer(model, optimizer, _loss, _plan())
     adapting = batchtune.Trainer(model, optimizer, _loss, _plan(), adapt=True)
     with pytest.raises(batchtune.Error, match="^state_dict:"):

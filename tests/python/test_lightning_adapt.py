@@ -297,8 +297,8 @@ def test_the_policy_gets_the_tunes_sweep_as_its_speed_profile():
     tuner, _, _, _ = _fit(10, max_batch=64, every=5, sweep=True)
     assert len(tuner.result.sweep) >= 2
     policy = json.loads(tuner._adapt.adaptation.adapter.state())
-    assert {p["global_batch_size"]: p["samples_per_s"] for p in policy["speed_profile"]} == \
-        tuner.result.speed_profile()
+    assert {p["global_batch_size"]: (p["samples_per_s"], p["low"], p["high"])
+            for p in policy["speed_profile"]} == tuner.result.speed_profile()
 
 
 def test_adapt_lr_batch_scales_the_lr_by_the_batch_ratio_alone():

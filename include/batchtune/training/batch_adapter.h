@@ -56,8 +56,30 @@ std::string adapt_lr_name(AdaptLr rule);
 /// naming `Option::kAdaptLr` otherwise.
 AdaptLr parse_adapt_lr(const std::string& word);
 
-/// Samples (or tokens) per second by global batch, measured before training.
-using SpeedProfile = std::map<int64_t, double>;
+/// A global batch's throughput as the tune before training measured it:
+/// the median samples (or tokens) per second and its 95 % interval.
+struct TunedSpeed {
+  double median = 0;
+  double low = 0;
+  double high = 0;
+  TunedSpeed() = default;
+  /// A reading without an interval (its ends at the median).
+  TunedSpeed(double samples_per_s)  // NOLINT(google-explicit-constructor): a profile of medians
+      : median(samples_per_s), low(samples_per_s), high(samples_per_s) {}
+  TunedSpeed(double samples_per_s, double low_end, double high_end)
+      : median(samples_per_s), low(low_end), high(high_end) {}
+};
+
+/// The tune's throughput by global batch.
+using SpeedProfile = std::map<int64_t, TunedSpeed>;
+
+/// A batch not yet run, as the profile expects it against the batch in
+/// force: `ratio` of the medians, and `hopeful`, the largest ratio the two
+/// intervals allow (the candidate's high end over the current's low end).
+struct ExpectedSpeed {
+  double ratio = 1;
+  double hopeful = 1;
+};
 
 /// How `train --adapt` moves the global batch.
 struct AdaptOptions {
@@ -79,10 +101,13 @@ struct AdaptOptions {
   /// "tokens" for text trained by a token budget.
   TORCH_ARG(std::string, unit) = "samples";
   /// The throughput of global batches as the tune before training measured
-  /// them (its sweep); empty for none. A batch not yet run is then expected
-  /// at today's speed times its ratio to the batch in force in the profile,
-  /// where both are in it, and tried only where that expectation wins: not
-  /// on the most hopeful bound.
+  /// them (its sweep, with intervals); empty for none. A batch not yet run
+  /// is then expected at today's speed times its ratio to the batch in
+  /// force in the profile, where both are in it, and tried only where the
+  /// hopeful end of that ratio (its intervals') wins, capped at the bound
+  /// of a batch no tune measured: not on that bound where the tune can say
+  /// better, and not on a median that the tune's noise could have put on
+  /// the wrong side.
   TORCH_ARG(SpeedProfile, speed_profile) = {};
 };
 
@@ -224,10 +249,9 @@ class BatchAdapter {
                                     std::optional<double> noise_scale, int64_t measurements,
                                     std::optional<NoiseInterval> interval);
   double goodput(int64_t global_batch, double noise_scale, double samples_per_s) const;
-  /// `candidate`'s speed as the profile expects it, from `here` at
-  /// `global_batch`; nullopt where the profile lacks either.
-  std::optional<double> expected_speed(int64_t candidate, int64_t global_batch,
-                                       double here) const;
+  /// `candidate`'s speed relative to `global_batch`'s as the profile
+  /// expects it; nullopt where the profile lacks either.
+  std::optional<ExpectedSpeed> expected_speed(int64_t candidate, int64_t global_batch) const;
   BatchChange change_to(int64_t step, int64_t global_batch, double noise_scale,
                         std::string reason) const;
 
