@@ -218,6 +218,19 @@ TEST_P(BadDistributedEnvironment, ExitsTwoNamingTheVariable) {
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
+TEST(BadDistributedEnvironment, TextTrainingUnderTorchrunIsRefusedNotRunOnEveryRank) {
+  // Each rank would train the whole run alone and write the same summary.
+  const std::vector<std::pair<const char*, const char*>> torchrun = {
+      {"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29512"}};
+  for (const auto& [name, value] : torchrun) ::setenv(name, value, 1);
+  const auto r = run_cli("train --data text:/tmp --device cpu --steps 1 --amp off");
+  for (const auto& [name, value] : torchrun) ::unsetenv(name);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--data text: trains in one process"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("WORLD_SIZE is 2"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Torchrun, BadDistributedEnvironment,
     ::testing::Values(

@@ -19,10 +19,12 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
+#include "batchtune/common/option.h"
 #include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/workload.h"
 #include "batchtune/training/token_trainer.h"
+#include "batchtune/training/train_summary_json.h"
 #include "batchtune/tuning/token_budget.h"
 #include "fake_clock.h"
 #include "image_folder_fixture.h"
@@ -379,6 +381,27 @@ struct TokenRunSetup {
         [&](int64_t) { clock.advance(1); });
   }
 };
+
+TEST(TokenTrainer, ATimeLimitStopsAfterTheStepThatReachesItAndTheRunIsComplete) {
+  TextFolder folder("time_limit", {16, 64}, 80, 8);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  const TrainSummary s = setup.run(text, TokenTrainOptions().epochs(50).time_limit_s(5.5));
+  // Steps 1-5 end at 1-5 s of the fake clock; step 6 ends at 6 s, past the
+  // limit: the run stops there.
+  EXPECT_EQ(s.steps, 6);
+  EXPECT_TRUE(s.time_limit_reached);
+  EXPECT_TRUE(s.complete);
+  EXPECT_LT(s.epochs, 50.0);
+  EXPECT_EQ(to_json(s).value("time_limit_reached", false), true);
+  // A negative limit is refused before any step, naming the option.
+  try {
+    setup.run(text, TokenTrainOptions().time_limit_s(-1));
+    FAIL() << "a negative time limit was accepted";
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.option(), Option::kTimeLimit);
+  }
+}
 
 TEST(TokenTrainer, FewerTargetTokensThanTheBudgetMakeSmallerMicroBatches) {
   TextFolder folder("small-target", {16, 64}, 200, 10);

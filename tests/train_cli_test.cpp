@@ -91,6 +91,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-loss 1.5",
                       "--target-loss"},
         BadTrainInput{"train --data text:/tmp --target-loss -1", "--target-loss"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --time-limit -1",
+                      "--time-limit"},
+        BadTrainInput{"train --data text:/tmp --time-limit -1", "--time-limit"},
         BadTrainInput{"train --data text:/tmp --target-accuracy 0.5", "--target-accuracy"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --adapt-every 10",
                       "--adapt-every: tunes --adapt"},
@@ -140,6 +143,19 @@ TEST(TrainCli, AdaptWritesItsBatchScheduleAndLogsEveryChange) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("  steps 1-"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, ATimeLimitStopsTheRunCompleteAndSaysSo) {
+  // A million steps of a tiny model would take minutes; the limit ends the
+  // run after the step that reaches 1 s of training.
+  const auto r = run_cli(std::string("train --batch-size 8 --steps 1000000 --time-limit 1") +
+                         kSmall + " --log-every 0 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_EQ(json["time_limit_reached"], true) << r.output;
+  EXPECT_EQ(json["complete"], true) << r.output;
+  EXPECT_LT(json["steps"].get<int64_t>(), 1000000) << r.output;
+  EXPECT_NE(r.output.find("stopped at the time limit after step"), std::string::npos) << r.output;
 }
 
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {

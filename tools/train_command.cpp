@@ -270,6 +270,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                       .measure_noise_scale(!flags.no_noise_scale)
                       .eval_every(flags.eval_every)
                       .eval_every_samples(flags.eval_every_samples)
+                      .time_limit_s(flags.time_limit)
                       .adapt(flags.adapt)
                       .adapt_options(AdaptOptions()
                                          .every(flags.adapt_every)
@@ -361,6 +362,9 @@ CommandRun add_train_command(CLI::App& app) {
   cmd->add_option("--target-loss", flags->target_loss,
                   "--data text: stop once the mean training loss over the last 10 optimizer "
                   "steps is at or below this");
+  cmd->add_option("--time-limit", flags->time_limit,
+                  "stop after the optimizer step at which training time (evaluation excluded) "
+                  "reaches SECONDS; the run counts as complete (0: no limit)");
   cmd->add_option("--checkpoint", flags->checkpoint, "directory for checkpoint.pt");
   cmd->add_option("--checkpoint-every", flags->checkpoint_every,
                   "a checkpoint every N optimizer steps, and at the end");

@@ -34,6 +34,7 @@ struct TrainFlags {
   // Set when the flag is given (`CLI::App::count`).
   double target_accuracy = 0;
   double target_loss = 0;
+  double time_limit = 0;  // seconds; 0: none
   bool resume = false;
   bool memory_summary = false;
   bool no_noise_scale = false;

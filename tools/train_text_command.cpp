@@ -9,6 +9,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/data/text.h"
+#include "batchtune/distributed/distributed.h"
 #include "batchtune/reports/train_reporter.h"
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/training/checkpoint.h"
@@ -27,6 +28,14 @@ constexpr const char* kTextDefaultInput = "int64:16..512";
 
 int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
                    const PlanRequest& request) {
+  // Launched by torchrun, each rank would train the whole run on its own
+  // (and write the same checkpoint and summary): refused until text runs
+  // are data parallel.
+  if (const RankEnvironment env = rank_environment(); env.world_size > 1) {
+    throw Error(fmt::format("--data text: trains in one process, not data parallel; launch it "
+                            "without torchrun (WORLD_SIZE is {})",
+                            env.world_size));
+  }
   if (cmd.count("--target-accuracy") > 0 || flags.eval_every > 0 || flags.eval_every_samples > 0) {
     throw Error(fmt::format("{}: --data text has no test split to evaluate; stop at a training "
                             "loss with --target-loss",
@@ -108,6 +117,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
           .checkpoint_dir(flags.checkpoint)
           .checkpoint_every(flags.checkpoint_every)
           .resume(flags.resume)
+          .time_limit_s(flags.time_limit)
           .target_tokens(flags.target_tokens)
           .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
           .pad_to(fixed ? range->max : 0)

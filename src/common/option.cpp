@@ -75,6 +75,7 @@ constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kTargetAccuracy, "--target-accuracy", "target_accuracy"},
     {Option::kTargetTokens, "--target-tokens", "target_tokens"},
     {Option::kTargetLoss, "--target-loss", "target_loss"},
+    {Option::kTimeLimit, "--time-limit", "time_limit_s"},
     {Option::kAdapt, "--adapt", "adapt"},
     {Option::kAdaptEvery, "--adapt-every", "adapt_every"},
     {Option::kAdaptMaxBatch, "--adapt-max-batch", "adapt_max_batch"},

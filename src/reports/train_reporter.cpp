@@ -174,6 +174,10 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
                                         : std::string());
     }
   }
+  if (s.time_limit_reached) {
+    out_ << fmt::format("stopped at the time limit after step {} ({:.1f} s of training)\n",
+                        s.steps, s.seconds);
+  }
   if (!s.complete) {
     out_ << fmt::format("stopped early by {} after step {}: the summary is partial\n",
                         s.interrupted_by, s.steps);

@@ -16,7 +16,8 @@ namespace batchtune {
 
 /// Throws an `OptionError` for the options of `options` that no run takes:
 /// no epoch and no step, a negative log or checkpoint interval, a resume
-/// without a checkpoint, `--adapt` with the noise scale off.
+/// without a checkpoint, a negative time limit, `--adapt` with the noise
+/// scale off.
 template <typename RunOptions>
 void check_run_options(const RunOptions& options) {
   if (options.epochs() < 0 || options.steps() < 0 ||
@@ -37,6 +38,11 @@ void check_run_options(const RunOptions& options) {
   if (options.resume() && options.checkpoint_dir().empty()) {
     throw OptionError(Option::kResume,
                       "needs " + mention(Option::kCheckpoint) + " DIR to resume from");
+  }
+  if (!(std::isfinite(options.time_limit_s()) && options.time_limit_s() >= 0)) {
+    throw OptionError(Option::kTimeLimit,
+                      fmt::format("must be 0 (no limit) or a number of seconds, got {}",
+                                  options.time_limit_s()));
   }
   if (options.adapt() && !options.measure_noise_scale()) {
     throw OptionError(Option::kAdapt, "follows the gradient noise scale, which " +

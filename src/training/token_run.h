@@ -4,7 +4,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <deque>
@@ -15,6 +14,7 @@
 
 #include "batchtune/common/clock.h"
 #include "batchtune/data/token_batches.h"
+#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/training/batch_adapter.h"
 #include "batchtune/training/token_trainer.h"
 
@@ -39,9 +39,9 @@ class TokenRun {
   /// Trains `group` (retried in smaller micro-batches on an out-of-memory);
   /// returns its loss.
   at::Tensor train_group(std::vector<TokenBatch>& group, int64_t group_tokens);
-  /// After an out-of-memory: half the budget, or an error when a single
-  /// sample did not fit.
-  void shrink_budget(const c10::Error& e, int64_t group_tokens);
+  /// After an out-of-memory (`why`, the error's first line): half the
+  /// budget, or an error when a single sample did not fit.
+  void shrink_budget(const std::string& why, int64_t group_tokens);
   /// `--adapt`: times the window since the last decision and decides.
   void adapt();
   /// The budget micro-batches are filled to for `target` real tokens a step.
@@ -89,6 +89,7 @@ class TokenRun {
   int64_t group_size_ = 0;
   std::optional<LengthBucketSampler> sampler_;
   TrainingStep step_;
+  DataParallel data_parallel_;  // one process: a token run is not data parallel (yet)
   TrainSummary summary_;
   int64_t epoch_ = 0;
   std::vector<TokenBatch> micro_;  // this epoch's micro-batches

@@ -1,7 +1,6 @@
 #include "batchtune/training/token_trainer.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,8 +16,8 @@
 #include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/amp.h"
-#include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
+#include "out_of_memory.h"
 #include "run_options.h"
 #include "token_run.h"
 
@@ -140,50 +139,43 @@ std::vector<TokenBatch> TokenRun::next_group() {
 }
 
 at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_tokens) {
-  for (;;) {
-    if (!fixed_) group = within_budget(group, budget_, lengths_);
-    std::vector<Batch> batches;
-    std::vector<double> weights;
-    std::vector<int64_t> noise_sizes;
-    for (const auto& b : group) {
-      batches.push_back(data_.get_batch(b.indices));
-      if (fixed_) {
-        // Padded to the longest sequence, as a fixed batch is.
-        Batch& last = batches.back();
-        const int64_t have = last.inputs[0].size(1);
-        if (have < pad_to_) {
-          last.inputs[0] = at::constant_pad_nd(last.inputs[0], {0, pad_to_ - have}, 0);
-          last.target = at::constant_pad_nd(last.target, {0, pad_to_ - have}, kIgnoreTarget);
+  return backward_until_it_fits(
+      memory_, step_, data_parallel_,
+      [&] {
+        if (!fixed_) group = within_budget(group, budget_, lengths_);
+        std::vector<Batch> batches;
+        std::vector<double> weights;
+        std::vector<int64_t> noise_sizes;
+        for (const auto& b : group) {
+          batches.push_back(data_.get_batch(b.indices));
+          if (fixed_) {
+            // Padded to the longest sequence, as a fixed batch is.
+            Batch& last = batches.back();
+            const int64_t have = last.inputs[0].size(1);
+            if (have < pad_to_) {
+              last.inputs[0] = at::constant_pad_nd(last.inputs[0], {0, pad_to_ - have}, 0);
+              last.target = at::constant_pad_nd(last.target, {0, pad_to_ - have}, kIgnoreTarget);
+            }
+          }
+          weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
+          noise_sizes.push_back(b.tokens);
         }
-      }
-      weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
-      noise_sizes.push_back(b.tokens);
-    }
-    if (!options_.measure_noise_scale() ||
-        (group.size() < 2 && !step_.options().noise_from_successive_steps())) {
-      noise_sizes.clear();
-    }
-    const int64_t ooms_before = memory_.oom_count();
-    try {
-      return step_.backward_weighted(batches, weights, noise_sizes);
-    } catch (const c10::Error& e) {
-      if (classify_step_failure(e, ooms_before, memory_.oom_count()) !=
-          StepFailure::kOutOfMemory) {
-        throw;
-      }
-      shrink_budget(e, group_tokens);
-    }
-  }
+        if (!options_.measure_noise_scale() ||
+            (group.size() < 2 && !step_.options().noise_from_successive_steps())) {
+          noise_sizes.clear();
+        }
+        return step_.backward_weighted(batches, weights, noise_sizes);
+      },
+      [&](const std::string& why) { shrink_budget(why, group_tokens); });
 }
 
-void TokenRun::shrink_budget(const c10::Error& e, int64_t group_tokens) {
-  memory_.release_cached();
+void TokenRun::shrink_budget(const std::string& why, int64_t group_tokens) {
   if (fixed_ || budget_ <= longest_) {
     throw Error(fmt::format(
         "train: out of memory at {} (step {}): {}; not even one sample of {} tokens fits in {}",
         fixed_ ? fmt::format("fixed batches of {}", options_.fixed_batch_size())
                : fmt::format("a token budget of {}", budget_),
-        summary_.steps + 1, first_line(e.what_without_backtrace()), longest_,
+        summary_.steps + 1, why, longest_,
         format_bytes(memory_.usable_bytes())));
   }
   const int64_t before = budget_;
@@ -274,7 +266,7 @@ TrainSummary TokenRun::run() {
       const at::Tensor loss = train_group(group, group_tokens);
       const double lr = scheduled_lr(adapter_ ? ramp_.at(summary_.steps, lr_) : plan_.lr,
                                      plan_.warmup_steps, summary_.steps);
-      step_.apply(lr);
+      apply_or_explain(memory_, step_, lr, summary_.steps);
       summary_.final_loss = loss.item<double>();
       ++summary_.steps;
       summary_.micro_batches += static_cast<int64_t>(group.size());
@@ -307,13 +299,24 @@ TrainSummary TokenRun::run() {
           summary_.steps % options_.checkpoint_every() == 0 && !steps_done()) {
         save_checkpoint();
       }
+      // The loss read above waited for the step: the clock is settled. The
+      // limit stops a run with steps left, not one that just ended.
+      const bool run_ended = steps_done() || (next_ >= micro_.size() && epoch_ + 1 >= epochs);
+      if (options_.time_limit_s() > 0 && clock_.now_s() - start_s_ >= options_.time_limit_s() &&
+          !run_ended) {
+        summary_.time_limit_reached = true;
+        break;
+      }
     }
     // Whole epochs, and the share of the last one that ran.
     summary_.epochs = static_cast<double>(epoch_) +
                       (lengths_.empty() ? 1.0
                                         : static_cast<double>(epoch_samples_) /
                                               static_cast<double>(lengths_.size()));
-    if (steps_done() || !interrupted_by.empty() || summary_.target_reached) break;
+    if (steps_done() || !interrupted_by.empty() || summary_.target_reached ||
+        summary_.time_limit_reached) {
+      break;
+    }
   }
   TrainSummary s = finish(interrupted_by);
   if (checkpoints) {

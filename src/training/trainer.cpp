@@ -21,8 +21,8 @@
 #include "batchtune/common/shape.h"
 #include "batchtune/common/size.h"
 #include "batchtune/step/amp.h"
-#include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
+#include "out_of_memory.h"
 #include "run_options.h"
 
 namespace batchtune {
@@ -114,41 +114,14 @@ int64_t Trainer::planned_steps() const {
 }
 
 void Trainer::train_step(const Batch& batch) {
-  auto& optimizer = workload_.optimizer();
-  const c10::Device device = memory_.device();
-  // Data parallel: `batch` is this rank's shard of the logical batch (see
-  // run()); the ranks agree on an out-of-memory, so that all shrink together.
-  for (;;) {
-    std::string oom_message;
-    const int64_t ooms_before = memory_.oom_count();
-    try {
-      last_loss_tensor_ = training_step_.backward(batch, step_, &data_seconds_);
-    } catch (const c10::Error& e) {
-      // Out of memory under any name (see classify_step_failure); else rethrown.
-      if (classify_step_failure(e, ooms_before, memory_.oom_count()) != StepFailure::kOutOfMemory) {
-        throw;
-      }
-      // Free what the failed step held, then retry the same samples in
-      // micro-batches half as large: the logical batch stays the same.
-      oom_message = first_line(e.what_without_backtrace());
-      last_loss_tensor_ = at::Tensor();
-      memory_.release_cached();
-    }
-    const auto outcome = data_parallel_.share_step(!oom_message.empty(), last_loss_tensor_, device);
-    if (!outcome.out_of_memory) {
-      last_loss_tensor_ = outcome.loss;
-      break;
-    }
-    if (oom_message.empty()) {  // this rank fitted; another did not
-      oom_message = "another rank ran out of memory";
-      last_loss_tensor_ = at::Tensor();
-      optimizer.zero_grad(/*set_to_none=*/true);
-    }
+  // After an out-of-memory, the same samples in micro-batches half as large:
+  // the logical batch stays.
+  const auto halve_micro_batch = [&](const std::string& why) {
     if (plan_.micro_batch_size == 1) {
       throw Error(fmt::format(
           "train: out of memory at micro-batch 1 (optimizer step {}): {}; the model does not "
           "fit in {} — use a larger --memory-limit or a smaller model",
-          step_ + 1, oom_message, format_bytes(memory_.usable_bytes())));
+          step_ + 1, why, format_bytes(memory_.usable_bytes())));
     }
     const int64_t before = plan_.micro_batch_size;
     plan_.micro_batch_size = (plan_.micro_batch_size + 1) / 2;
@@ -161,7 +134,12 @@ void Trainer::train_step(const Batch& batch) {
                      "as {} micro-batches of {}",
                      before, step_ + 1, plan_.global_batch_size, plan_.accumulation_steps,
                      plan_.micro_batch_size));
-  }
+  };
+  // Data parallel: `batch` is this rank's shard of the logical batch (see
+  // run()); the ranks agree on an out-of-memory, so that all shrink together.
+  last_loss_tensor_ = backward_until_it_fits(
+      memory_, training_step_, data_parallel_,
+      [&] { return training_step_.backward(batch, step_, &data_seconds_); }, halve_micro_batch);
   // Data parallel: this rank's gradient against the all-reduced one is a
   // measurement of the noise scale at (local, global batch), for the price
   // of two norms on the device (McCandlish et al.'s own use of the ranks).
@@ -177,21 +155,8 @@ void Trainer::train_step(const Batch& batch) {
         squared_gradient_norm(workload_.model().parameters()),
         scaler.enabled() ? scaler.current_scale() : 1.0);
   }
-  const int64_t ooms_before_step = memory_.oom_count();
-  try {
-    training_step_.apply(scheduled_lr(lr_at(step_), plan_.warmup_steps, step_));
-  } catch (const c10::Error& e) {
-    if (classify_step_failure(e, ooms_before_step, memory_.oom_count()) !=
-        StepFailure::kOutOfMemory) {
-      throw;
-    }
-    // Halving the micro-batch does not shrink the optimizer step, and a step
-    // that failed half-way has updated some parameters: nothing to retry.
-    throw Error(fmt::format("train: out of memory in the optimizer step (step {}): {}; the "
-                            "optimizer state does not fit in {}",
-                            step_ + 1, first_line(e.what_without_backtrace()),
-                            format_bytes(memory_.usable_bytes())));
-  }
+  apply_or_explain(memory_, training_step_,
+                   scheduled_lr(lr_at(step_), plan_.warmup_steps, step_), step_);
 }
 
 TrainSummary Trainer::run() {

@@ -68,6 +68,7 @@ enum class Option {
   kTargetAccuracy,    ///< the test accuracy that ends a run
   kTargetTokens,      ///< the tokens a step trains on, by a token budget
   kTargetLoss,        ///< the loss that ends a run
+  kTimeLimit,         ///< the training seconds that end a run
   kAdapt,             ///< the global batch follows the gradient noise scale
   kAdaptEvery,        ///< steps between adapt's decisions
   kAdaptMaxBatch,     ///< the largest global batch adapt may reach

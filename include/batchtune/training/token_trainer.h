@@ -53,6 +53,10 @@ struct TokenTrainOptions {
   TORCH_ARG(int64_t, checkpoint_every) = 0;
   /// Continue from the checkpoint in `checkpoint_dir` when there is one.
   TORCH_ARG(bool, resume) = false;
+  /// Stop after the step at which this run's training time reaches this
+  /// many seconds (0: no limit). A run so stopped is complete, with
+  /// `time_limit_reached` set; its checkpoint resumes for more.
+  TORCH_ARG(double, time_limit_s) = 0.0;
   /// The clock training time is read from (a fake in tests); null for the
   /// steady clock.
   TORCH_ARG(ClockPointer, clock) = nullptr;
