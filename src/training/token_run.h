@@ -1,6 +1,7 @@
 // The run behind `train_by_tokens` (see token_trainer.h), private to the
 // training layer: token_trainer.cpp trains, token_run_events.cpp reports,
-// token_run_checkpoint.cpp writes and reads its checkpoints.
+// token_run_checkpoint.cpp writes and reads its checkpoints; what each step
+// trains on comes from its batch source, token_steps.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/training/batch_adapter.h"
 #include "batchtune/training/token_trainer.h"
+#include "token_steps.h"
 
 namespace batchtune {
 
@@ -34,7 +36,7 @@ class TokenRun {
   TrainSummary run();
 
  private:
-  /// The micro-batches of the next optimizer step, from `micro_[next_]` on.
+  /// The micro-batches of the next optimizer step, from the batch source.
   std::vector<TokenBatch> next_group();
   /// Trains `group` (retried in smaller micro-batches on an out-of-memory);
   /// returns its loss.
@@ -44,10 +46,6 @@ class TokenRun {
   void shrink_budget(const std::string& why, int64_t group_tokens);
   /// `--adapt`: times the window since the last decision and decides.
   void adapt();
-  /// The budget micro-batches are filled to for `target` real tokens a step.
-  int64_t budget_for(int64_t target) const {
-    return std::min(cap_, std::max(longest_, target));
-  }
   /// A log event after the step that trained `group`.
   void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
   /// True when the moving mean loss reached `--target-loss`.
@@ -59,7 +57,7 @@ class TokenRun {
   /// Writes the checkpoint; `summary` when the run is finished.
   void save_checkpoint(const std::optional<TrainSummary>& summary = std::nullopt);
   /// `resume`: continues from the checkpoint when there is one (the rest of
-  /// its epoch in `resumed_rest_`); returns the summary of a run that was
+  /// its epoch in the batch source); returns the summary of a run that was
   /// already finished.
   std::optional<TrainSummary> resume();
   /// The summary at the end of this run (`interrupted_by` empty: complete).
@@ -71,34 +69,23 @@ class TokenRun {
   Workload& workload_;
   DeviceMemory& memory_;
   const Plan& plan_;
-  const TextDataset& data_;
   const TokenTrainOptions& options_;
   const TrainCallback& callback_;
   const std::function<void(int64_t)>& before_step_;
   const Clock& clock_;
   const bool fixed_;
   const std::vector<int64_t>& lengths_;
-  const int64_t longest_;  // the longest sample the data may hold
-  int64_t pad_to_ = 0;
-  /// The most padded tokens a micro-batch may hold (halved by an
-  /// out-of-memory), and the budget micro-batches are filled to.
-  int64_t cap_ = 0;
-  int64_t budget_ = 0;
-  /// Real tokens an optimizer step gathers (0: `group_size_` micro-batches).
-  int64_t target_tokens_ = 0;
-  int64_t group_size_ = 0;
-  std::optional<LengthBucketSampler> sampler_;
+  /// What each step trains on (set once the options are checked).
+  std::optional<TokenSteps> source_;
   TrainingStep step_;
   DataParallel data_parallel_;  // one process: a token run is not data parallel (yet)
   TrainSummary summary_;
   int64_t epoch_ = 0;
-  std::vector<TokenBatch> micro_;  // this epoch's micro-batches
-  size_t next_ = 0;
   int64_t epoch_samples_ = 0;
   double start_s_ = 0;
-  /// A resume: the rest of the epoch it stopped in, to train first; and the
-  /// counts it started this run from (rates are this run's).
-  std::optional<std::vector<TokenBatch>> resumed_rest_;
+  /// A resume: the epoch it stopped in continues (its samples counted so
+  /// far kept); and the counts it started this run from (rates are this run's).
+  bool resumed_ = false;
   int64_t start_samples_ = 0;
   int64_t start_tokens_ = 0;
   double loss_since_log_ = 0;

@@ -1,7 +1,8 @@
 // Checkpoints of a token-budget run (see checkpoint.h): the weights and the
 // optimizer as every run's, and under JSON `tokens` what only this run has —
-// the rest of the epoch's micro-batches, the tokens per step and the budget
-// as they stand, the token counts — so that a resume trains the same steps on.
+// the token counts, and from its batch source (token_steps.h) the rest of the
+// epoch's micro-batches and the tokens per step and budget as they stand —
+// so that a resume trains the same steps on.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -17,22 +18,6 @@
 #include "token_run.h"
 
 namespace batchtune {
-namespace {
-
-nlohmann::json to_json(const TokenBatch& b) {
-  return {{"indices", b.indices}, {"tokens", b.tokens}, {"padded_tokens", b.padded_tokens}};
-}
-
-TokenBatch token_batch_from_json(const nlohmann::json& j) {
-  TokenBatch b;
-  b.indices = j.at("indices").get<std::vector<int64_t>>();
-  b.tokens = j.at("tokens").get<int64_t>();
-  b.padded_tokens = j.at("padded_tokens").get<int64_t>();
-  return b;
-}
-
-}  // namespace
-
 RunIdentity TokenRun::run_identity() const {
   RunIdentity id;
   id.model = workload_.model().describe();
@@ -56,24 +41,20 @@ AdaptCheckpoint TokenRun::adapt_checkpoint() {
 void TokenRun::save_checkpoint(const std::optional<TrainSummary>& summary) {
   CheckpointRecord record;
   record.identity = run_identity();
-  record.position = {summary_.steps, epoch_, static_cast<int64_t>(next_), summary_.samples,
-                     summary_.oom_recoveries};
+  record.position = {summary_.steps, epoch_, static_cast<int64_t>(source_->position()),
+                     summary_.samples, summary_.oom_recoveries};
   record.plan = plan_;
   record.summary = summary;
-  nlohmann::json rest = nlohmann::json::array();
-  for (size_t i = next_; i < micro_.size(); ++i) rest.push_back(to_json(micro_[i]));
-  record.tokens = nlohmann::json{{"target_tokens_given", options_.target_tokens()},
-                                 {"target_tokens", target_tokens_},
-                                 {"token_budget", budget_},
-                                 {"token_cap", cap_},
-                                 {"lr", lr_},
-                                 {"tokens", summary_.tokens},
-                                 {"padded_tokens", summary_.padded_tokens},
-                                 {"micro_batches", summary_.micro_batches},
-                                 {"epoch_samples", epoch_samples_},
-                                 {"final_loss", summary_.final_loss},
-                                 {"loss_window", window_},
-                                 {"rest_of_epoch", rest}};
+  nlohmann::json tokens{{"target_tokens_given", options_.target_tokens()},
+                        {"lr", lr_},
+                        {"tokens", summary_.tokens},
+                        {"padded_tokens", summary_.padded_tokens},
+                        {"micro_batches", summary_.micro_batches},
+                        {"epoch_samples", epoch_samples_},
+                        {"final_loss", summary_.final_loss},
+                        {"loss_window", window_}};
+  source_->save(tokens);  // the tokens per step, the budget, the rest of the epoch
+  record.tokens = std::move(tokens);
   if (adapter_) {
     record.adapt = adapt_checkpoint().save();
     if (step_.successive().holding()) record.successive = step_.successive().state();
@@ -123,11 +104,7 @@ std::optional<TrainSummary> TokenRun::resume() {
                                     path, mention(Option::kTargetTokens), given,
                                     options_.target_tokens(), mention(Option::kTargetTokens)));
     }
-    std::vector<TokenBatch> rest;
-    for (const auto& b : t.at("rest_of_epoch")) rest.push_back(token_batch_from_json(b));
-    target_tokens_ = t.at("target_tokens").get<int64_t>();
-    budget_ = t.at("token_budget").get<int64_t>();
-    cap_ = t.at("token_cap").get<int64_t>();
+    source_->load(t);
     lr_ = t.at("lr").get<double>();
     summary_.tokens = t.at("tokens").get<int64_t>();
     summary_.padded_tokens = t.at("padded_tokens").get<int64_t>();
@@ -140,7 +117,7 @@ std::optional<TrainSummary> TokenRun::resume() {
       window_.push_back(loss.get<double>());
       window_sum_ += window_.back();
     }
-    resumed_rest_ = std::move(rest);
+    resumed_ = true;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -149,10 +126,9 @@ std::optional<TrainSummary> TokenRun::resume() {
                                   "start afresh",
                                   path, first_line(e.what()), mention(Option::kCheckpoint)));
   }
-  if (sampler_) sampler_->set_token_budget(budget_);
   if (adapter_) {
     adapt_checkpoint().load(*record->adapt, path);
-    adapter_->cap_micro_batch(cap_);
+    adapter_->cap_micro_batch(source_->cap());
     if (record->successive) {
       step_.successive().load_state(on_device(*record->successive, memory_.device()));
     }

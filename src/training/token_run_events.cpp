@@ -28,11 +28,11 @@ void TokenRun::log(double loss_mean, double lr, const std::vector<TokenBatch>& g
   for (const auto& b : group) {
     event.micro_batch_size = std::max(
         event.micro_batch_size,
-        fixed_ ? static_cast<int64_t>(b.indices.size()) * pad_to_ : b.padded_tokens);
+        source_->padded_tokens(b));
   }
   event.message = fmt::format("{:.0f} tokens/s, token budget {}",
                               seconds > 0 ? static_cast<double>(summary_.tokens) / seconds : 0,
-                              budget_);
+                              source_->budget());
   emit(event);
 }
 

@@ -29,14 +29,12 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     : workload_(workload),
       memory_(memory),
       plan_(plan),
-      data_(data),
       options_(options),
       callback_(callback),
       before_step_(before_step),
       clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
       fixed_(options.fixed_batch_size() > 0),
       lengths_(data.lengths()),
-      longest_(data.length_range().max),
       step_(workload, memory.device(),
             StepOptions()
                 .amp(plan.amp)
@@ -66,21 +64,8 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
                                   options.loss_window()));
   }
   check_amp_device(plan.amp, memory.device(), "a plan's \"amp\" (or --amp)");
-  pad_to_ = fixed_ ? std::max(options.pad_to(), longest_) : 0;
-  cap_ = fixed_ ? options.fixed_batch_size() * pad_to_ : plan.token_budget;
-  // Fixed batches without a token target: the plan's micro-batches per step
-  // (one for --batch-size), never more on account of their padding.
-  group_size_ =
-      fixed_ && options.target_tokens() == 0 ? std::max<int64_t>(1, plan.accumulation_steps) : 0;
-  target_tokens_ =
-      options.target_tokens() > 0 ? options.target_tokens() : group_size_ > 0 ? 0 : cap_;
-  budget_ = fixed_ ? cap_ : budget_for(target_tokens_);
-  if (!fixed_) {
-    // The plan's buckets are checked against the plan's budget; micro-batches
-    // are then filled to the step's.
-    sampler_.emplace(lengths_, plan.length_buckets, cap_, options.seed());
-    sampler_->set_token_budget(budget_);
-  }
+  source_.emplace(data, plan, options);
+  const int64_t target_tokens = source_->target_tokens();
   if (options.adapt()) {
     if (fixed_) {
       throw OptionError(Option::kAdapt, "moves the tokens per step of a token budget; leave out " +
@@ -97,17 +82,17 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     }
     if (adapt.max_global_batch() == 0) {
       adapt.max_global_batch(std::max(
-          target_tokens_,
-          std::min(checked_product(target_tokens_, kDefaultAdaptGrowth).value_or(data_tokens),
+          target_tokens,
+          std::min(checked_product(target_tokens, kDefaultAdaptGrowth).value_or(data_tokens),
                    data_tokens)));
     }
-    adapter_.emplace(target_tokens_, plan.lr, plan.lr_scaling, 1, adapt);
+    adapter_.emplace(target_tokens, plan.lr, plan.lr_scaling, 1, adapt);
     // Past the plan's budget a step grows by accumulation alone.
-    adapter_->cap_micro_batch(cap_);
+    adapter_->cap_micro_batch(source_->cap());
     BatchChange start;
-    start.global_batch_size = target_tokens_;
-    start.micro_batch_size = budget_;
-    start.accumulation_steps = ceil_div(target_tokens_, budget_);
+    start.global_batch_size = target_tokens;
+    start.micro_batch_size = source_->budget();
+    start.accumulation_steps = ceil_div(target_tokens, source_->budget());
     start.lr = plan.lr;
     start.reason = "the real tokens per step and lr the run starts from, where adapting starts";
     summary_.batch_schedule.push_back(start);
@@ -117,46 +102,23 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
 }
 
 std::vector<TokenBatch> TokenRun::next_group() {
-  std::vector<TokenBatch> group;
-  int64_t group_tokens = 0;
-  while (next_ < micro_.size() &&
-         (group_size_ > 0 ? static_cast<int64_t>(group.size()) < group_size_
-                          : group_tokens < target_tokens_)) {
-    group_tokens += micro_[next_].tokens;
-    group.push_back(micro_[next_++]);
-  }
   // A step of one micro-batch measures the noise scale now and then split
   // in two halves (the same samples and tokens), unless it measures against
   // the previous step.
   const int64_t every = step_.options().noise_scale_every();
-  if (options_.measure_noise_scale() && !step_.options().noise_from_successive_steps() &&
-      !fixed_ && group.size() == 1 &&
-      group.front().indices.size() >= 2 && summary_.steps % every == 0) {
-    auto [first, second] = split_in_halves(group.front(), lengths_);
-    group = {std::move(first), std::move(second)};
-  }
-  return group;
+  return source_->next_group(options_.measure_noise_scale() &&
+                             !step_.options().noise_from_successive_steps() &&
+                             summary_.steps % every == 0);
 }
 
 at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_tokens) {
   return backward_until_it_fits(
       memory_, step_, data_parallel_,
       [&] {
-        if (!fixed_) group = within_budget(group, budget_, lengths_);
-        std::vector<Batch> batches;
+        const std::vector<Batch> batches = source_->batches(group);
         std::vector<double> weights;
         std::vector<int64_t> noise_sizes;
         for (const auto& b : group) {
-          batches.push_back(data_.get_batch(b.indices));
-          if (fixed_) {
-            // Padded to the longest sequence, as a fixed batch is.
-            Batch& last = batches.back();
-            const int64_t have = last.inputs[0].size(1);
-            if (have < pad_to_) {
-              last.inputs[0] = at::constant_pad_nd(last.inputs[0], {0, pad_to_ - have}, 0);
-              last.target = at::constant_pad_nd(last.target, {0, pad_to_ - have}, kIgnoreTarget);
-            }
-          }
           weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
           noise_sizes.push_back(b.tokens);
         }
@@ -170,19 +132,15 @@ at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_t
 }
 
 void TokenRun::shrink_budget(const std::string& why, int64_t group_tokens) {
-  if (fixed_ || budget_ <= longest_) {
+  const int64_t before = source_->budget();
+  if (!source_->halve_budget()) {
     throw Error(fmt::format(
         "train: out of memory at {} (step {}): {}; not even one sample of {} tokens fits in {}",
         fixed_ ? fmt::format("fixed batches of {}", options_.fixed_batch_size())
-               : fmt::format("a token budget of {}", budget_),
-        summary_.steps + 1, why, longest_,
-        format_bytes(memory_.usable_bytes())));
+               : fmt::format("a token budget of {}", before),
+        summary_.steps + 1, why, source_->longest(), format_bytes(memory_.usable_bytes())));
   }
-  const int64_t before = budget_;
-  cap_ = std::max(longest_, budget_ / 2);
-  budget_ = cap_;
-  sampler_->set_token_budget(budget_);
-  if (adapter_) adapter_->cap_micro_batch(cap_);
+  if (adapter_) adapter_->cap_micro_batch(source_->cap());
   ++summary_.oom_recoveries;
   TrainEvent event;
   event.kind = TrainEvent::Kind::kOomRecovery;
@@ -191,33 +149,23 @@ void TokenRun::shrink_budget(const std::string& why, int64_t group_tokens) {
   event.message = fmt::format(
       "out of memory at a token budget of {} (step {}); retrying the same {} tokens with a "
       "budget of {}",
-      before, summary_.steps + 1, group_tokens, budget_);
+      before, summary_.steps + 1, group_tokens, source_->budget());
   emit(event);
 }
 
 void TokenRun::adapt() {
   memory_.synchronize();
-  adapter_->end_window(target_tokens_, clock_.now_s() - start_s_, summary_.tokens);
+  const int64_t before = source_->target_tokens();
+  adapter_->end_window(before, clock_.now_s() - start_s_, summary_.tokens);
   const NoiseScaleEstimator& noise = step_.noise_scale().estimator();
   const std::optional<double> noise_scale = noise.noise_scale();
-  std::optional<BatchChange> change = adapter_->decide(summary_.steps, target_tokens_, noise);
+  std::optional<BatchChange> change = adapter_->decide(summary_.steps, before, noise);
   if (!change) return;
   ramp_.restart(summary_.steps, ramp_.at(summary_.steps, lr_));
   lr_ = change->lr;
-  const int64_t before = target_tokens_;
-  target_tokens_ = change->global_batch_size;
-  budget_ = budget_for(target_tokens_);
-  sampler_->set_token_budget(budget_);
-  // The rest of the epoch, the same samples in the same order, in
-  // micro-batches of the new budget from the next step on.
-  std::vector<int64_t> rest;
-  for (size_t i = next_; i < micro_.size(); ++i) {
-    rest.insert(rest.end(), micro_[i].indices.begin(), micro_[i].indices.end());
-  }
-  micro_.resize(next_);
-  for (TokenBatch& b : sampler_->batches(rest)) micro_.push_back(std::move(b));
-  change->micro_batch_size = budget_;
-  change->accumulation_steps = ceil_div(target_tokens_, budget_);
+  source_->set_target_tokens(change->global_batch_size);
+  change->micro_batch_size = source_->budget();
+  change->accumulation_steps = ceil_div(source_->target_tokens(), source_->budget());
   summary_.batch_schedule.push_back(*change);
   TrainEvent event;
   event.kind = TrainEvent::Kind::kBatchChange;
@@ -228,7 +176,8 @@ void TokenRun::adapt() {
   event.message = fmt::format(
       "adapt: {} -> {} real tokens per step (micro-batches of {} padded tokens), lr {:.3g} "
       "over {} steps: {}",
-      before, target_tokens_, budget_, change->lr, kAdaptLrRampSteps, change->reason);
+      before, source_->target_tokens(), source_->budget(), change->lr, kAdaptLrRampSteps,
+      change->reason);
   emit(event);
 }
 
@@ -246,18 +195,12 @@ TrainSummary TokenRun::run() {
   const bool checkpoints = !options_.checkpoint_dir().empty();
   std::string interrupted_by;
   for (; epoch_ < epochs; ++epoch_) {
-    if (resumed_rest_) {
-      // The epoch a resume stopped in: the micro-batches it had left.
-      micro_ = std::move(*resumed_rest_);
-      resumed_rest_.reset();
-    } else {
-      micro_ = fixed_ ? fixed_batches(lengths_, options_.fixed_batch_size(), pad_to_,
-                                      options_.seed(), epoch_)
-                      : sampler_->epoch(epoch_);
-      epoch_samples_ = 0;
-    }
-    next_ = 0;
-    while (next_ < micro_.size() && !steps_done()) {
+    // The epoch a resume stopped in continues with the micro-batches it had
+    // left, and the samples it had counted.
+    if (!resumed_) epoch_samples_ = 0;
+    resumed_ = false;
+    source_->start_epoch(epoch_);
+    while (!source_->epoch_done() && !steps_done()) {
       // One optimizer step: micro-batches until they hold the target tokens.
       std::vector<TokenBatch> group = next_group();
       int64_t group_tokens = 0;
@@ -275,7 +218,7 @@ TrainSummary TokenRun::run() {
         summary_.samples += samples;
         epoch_samples_ += samples;
         summary_.tokens += b.tokens;
-        summary_.padded_tokens += fixed_ ? samples * pad_to_ : b.padded_tokens;
+        summary_.padded_tokens += source_->padded_tokens(b);
       }
       loss_since_log_ += summary_.final_loss;
       ++steps_since_log_;
@@ -301,7 +244,7 @@ TrainSummary TokenRun::run() {
       }
       // The loss read above waited for the step: the clock is settled. The
       // limit stops a run with steps left, not one that just ended.
-      const bool run_ended = steps_done() || (next_ >= micro_.size() && epoch_ + 1 >= epochs);
+      const bool run_ended = steps_done() || (source_->epoch_done() && epoch_ + 1 >= epochs);
       if (options_.time_limit_s() > 0 && clock_.now_s() - start_s_ >= options_.time_limit_s() &&
           !run_ended) {
         summary_.time_limit_reached = true;
@@ -336,10 +279,10 @@ TrainSummary TokenRun::finish(const std::string& interrupted_by) {
   s.samples_per_s =
       s.seconds > 0 ? static_cast<double>(s.samples - start_samples_) / s.seconds : 0;
   s.tokens_per_s = s.seconds > 0 ? static_cast<double>(s.tokens - start_tokens_) / s.seconds : 0;
-  s.token_budget = fixed_ ? 0 : budget_;
-  s.target_tokens = target_tokens_;  // 0: fixed batches, a set count a step
+  s.token_budget = fixed_ ? 0 : source_->budget();
+  s.target_tokens = source_->target_tokens();  // 0: fixed batches, a set count a step
   s.micro_batch_size = fixed_ ? options_.fixed_batch_size() : plan_.micro_batch_size;
-  s.accumulation_steps = group_size_ > 0 ? group_size_ : 1;
+  s.accumulation_steps = source_->group_size() > 0 ? source_->group_size() : 1;
   s.global_batch_size = s.steps > 0 ? s.samples / s.steps : 0;
   s.noise_scale = step_.noise_scale().noise_scale();
   return s;
