@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
 
   // One micro-batch per optimizer step in both, so the steps differ only in
   // how their micro-batches are made.
-  const TokenTrainOptions common = TokenTrainOptions().epochs(epochs).seed(1).target_tokens(1);
+  const TokenTrainOptions common =
+      TokenTrainOptions().run(TrainOptions().epochs(epochs).seed(1)).target_tokens(1);
   const TrainSummary by_tokens = train_by_tokens(workload, *memory, plan, text, common);
   const TrainSummary fixed =
       train_by_tokens(workload, *memory, plan, text,

@@ -183,7 +183,7 @@ TEST(TokenTrainer, AnEpochOverLengths16To512UnderASmallBudgetRunsWithoutOutOfMem
   plan.lr = 3e-3;
   int64_t oom_events = 0;
   const TrainSummary s = train_by_tokens(
-      workload, *memory, plan, text, TokenTrainOptions().epochs(1).target_tokens(2048).seed(2),
+      workload, *memory, plan, text, TokenTrainOptions().run(TrainOptions().epochs(1).seed(2)).target_tokens(2048),
       [&](const TrainEvent& e) { oom_events += e.kind == TrainEvent::Kind::kOomRecovery; });
   EXPECT_EQ(s.oom_recoveries, 0);
   EXPECT_EQ(oom_events, 0);
@@ -218,7 +218,7 @@ TEST(TokenTrainer, OutOfMemoryShrinksTheBudgetAndKeepsTheTokensPerStep) {
   const int64_t usable_before = memory->usable_bytes();
   int64_t squeezed = 0;
   const TrainSummary s = train_by_tokens(
-      workload, *memory, plan, text, TokenTrainOptions().epochs(1).target_tokens(4096),
+      workload, *memory, plan, text, TokenTrainOptions().run(TrainOptions().epochs(1)).target_tokens(4096),
       {}, [&](int64_t step) {
         if (step == 1) {
           squeezed = memory->live_bytes() + (memory->peak_bytes() - memory->live_bytes()) * 2 / 3;
@@ -255,8 +255,9 @@ TargetLossRun train_to_loss(const TextDataset& text, std::optional<double> targe
   TargetLossRun run;
   run.summary = train_by_tokens(
       workload, *memory, plan, text,
-      TokenTrainOptions().epochs(4).seed(5).log_every(1).target_loss(target).loss_window(4).clock(
-          &clock),
+      TokenTrainOptions().run(
+          TrainOptions().epochs(4).seed(5).log_every(1).target_loss(target).loss_window(4).clock(
+              &clock)),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) run.losses.push_back(e.loss);
         if (e.kind == TrainEvent::Kind::kTargetReached) ++run.targets_reached;
@@ -333,7 +334,8 @@ TEST(TokenTrainer, FixedBatchesTakeOneMicroBatchAStepWhateverTheirPadding) {
   plan.lr = 1e-3;
   const TrainSummary s = train_by_tokens(
       workload, *memory, plan, text,
-      TokenTrainOptions().steps(5).seed(1).fixed_batch_size(2).pad_to(64), nullptr, nullptr);
+      TokenTrainOptions().run(TrainOptions().steps(5).seed(1)).fixed_batch_size(2).pad_to(64),
+      nullptr, nullptr);
   EXPECT_EQ(s.steps, 5);
   EXPECT_EQ(s.micro_batches, 5) << "padding made the steps accumulate";
   EXPECT_EQ(s.samples, 10);
@@ -373,8 +375,9 @@ struct TokenRunSetup {
   }
   TrainSummary run(const TextDataset& text, TokenTrainOptions options,
                    std::vector<TrainEvent>* events = nullptr) {
+    options.run().seed(2).clock(&clock);
     return train_by_tokens(
-        workload, *memory, plan, text, options.seed(2).clock(&clock),
+        workload, *memory, plan, text, options,
         [&](const TrainEvent& e) {
           if (events != nullptr) events->push_back(e);
         },
@@ -386,7 +389,7 @@ TEST(TokenTrainer, ATimeLimitStopsAfterTheStepThatReachesItAndTheRunIsComplete) 
   TextFolder folder("time_limit", {16, 64}, 80, 8);
   TextDataset text(folder.path(), {16, 64});
   TokenRunSetup setup;
-  const TrainSummary s = setup.run(text, TokenTrainOptions().epochs(50).time_limit_s(5.5));
+  const TrainSummary s = setup.run(text, TokenTrainOptions().run(TrainOptions().epochs(50).time_limit_s(5.5)));
   // Steps 1-5 end at 1-5 s of the fake clock; step 6 ends at 6 s, past the
   // limit: the run stops there.
   EXPECT_EQ(s.steps, 6);
@@ -396,7 +399,7 @@ TEST(TokenTrainer, ATimeLimitStopsAfterTheStepThatReachesItAndTheRunIsComplete) 
   EXPECT_EQ(to_json(s).value("time_limit_reached", false), true);
   // A negative limit is refused before any step, naming the option.
   try {
-    setup.run(text, TokenTrainOptions().time_limit_s(-1));
+    setup.run(text, TokenTrainOptions().run(TrainOptions().time_limit_s(-1)));
     FAIL() << "a negative time limit was accepted";
   } catch (const OptionError& e) {
     EXPECT_EQ(e.option(), Option::kTimeLimit);
@@ -407,7 +410,7 @@ TEST(TokenTrainer, FewerTargetTokensThanTheBudgetMakeSmallerMicroBatches) {
   TextFolder folder("small-target", {16, 64}, 200, 10);
   TextDataset text(folder.path(), {16, 64});
   TokenRunSetup setup;
-  const TrainSummary s = setup.run(text, TokenTrainOptions().steps(6).target_tokens(256));
+  const TrainSummary s = setup.run(text, TokenTrainOptions().run(TrainOptions().steps(6)).target_tokens(256));
   EXPECT_EQ(s.token_budget, 256) << "micro-batches of the step's size, not the plan's 1024";
   EXPECT_EQ(s.target_tokens, 256);
   EXPECT_GE(s.tokens, 6 * 256);
@@ -425,8 +428,10 @@ TEST(TokenTrainer, AdaptGrowsTheTokensPerStepFromTheNextStepTrainingEverySampleO
   std::vector<TrainEvent> events;
   const TrainSummary s = setup.run(
       text,
-      TokenTrainOptions().epochs(1).target_tokens(128).log_every(1).adapt(true).adapt_options(
-          AdaptOptions().every(5).min_global_batch(128)),  // growth alone
+      TokenTrainOptions()
+          .run(TrainOptions().epochs(1).log_every(1).adapt(true).adapt_options(
+              AdaptOptions().every(5).min_global_batch(128)))  // growth alone
+          .target_tokens(128),
       &events);
 
   ASSERT_GE(s.batch_schedule.size(), 2u) << "more tokens a step, as fast a step, are taken";
@@ -479,11 +484,15 @@ TEST(TokenTrainer, AdaptIsRefusedWithFixedBatchesOrWithoutTheNoiseScale) {
   TextDataset text(folder.path(), {16, 64});
   TokenRunSetup setup;
   const std::string fixed = error_of([&] {
-    setup.run(text, TokenTrainOptions().steps(2).fixed_batch_size(2).pad_to(64).adapt(true));
+    setup.run(text, TokenTrainOptions()
+                        .run(TrainOptions().steps(2).adapt(true))
+                        .fixed_batch_size(2)
+                        .pad_to(64));
   });
   EXPECT_EQ(fixed.rfind("--adapt:", 0), 0u) << fixed;
   const std::string no_noise = error_of([&] {
-    setup.run(text, TokenTrainOptions().steps(2).measure_noise_scale(false).adapt(true));
+    setup.run(text, TokenTrainOptions().run(
+                        TrainOptions().steps(2).measure_noise_scale(false).adapt(true)));
   });
   EXPECT_EQ(no_noise.rfind("--adapt:", 0), 0u) << no_noise;
 }
@@ -499,17 +508,17 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
   TextFolder folder("resume", {16, 64}, 300, 12);
   TextDataset text(folder.path(), {16, 64});
   const std::string dir = temp_folder("resume-ckpt");
-  const auto options = [&] {
-    return TokenTrainOptions()
+  const auto run = [&] {
+    return TrainOptions()
         .epochs(2)
-        .target_tokens(128)
         .adapt(true)
         .adapt_options(AdaptOptions().every(5))
         .checkpoint_dir(dir)
         .checkpoint_every(4);
   };
+  const auto options = [](TrainOptions r) { return TokenTrainOptions().run(r).target_tokens(128); };
   TokenRunSetup whole;
-  const TrainSummary s_whole = whole.run(text, options().checkpoint_dir(""));
+  const TrainSummary s_whole = whole.run(text, options(run().checkpoint_dir("")));
   ASSERT_GE(s_whole.batch_schedule.size(), 2u);
   const int64_t stop = s_whole.batch_schedule[1].step + 2;  // after a change, mid-window
 
@@ -518,7 +527,7 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
   {
     InterruptHandler interrupts;
     s_first = train_by_tokens(
-        first.workload, *first.memory, first.plan, text, options().seed(2).clock(&first.clock),
+        first.workload, *first.memory, first.plan, text, options(run().seed(2).clock(&first.clock)),
         {}, [&](int64_t step) {
           first.clock.advance(1);
           if (step == stop - 1) request_interrupt(SIGINT);  // arrives during step `stop`
@@ -531,7 +540,7 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
 
   TokenRunSetup second;
   std::vector<TrainEvent> events;
-  const TrainSummary s_resumed = second.run(text, options().resume(true), &events);
+  const TrainSummary s_resumed = second.run(text, options(run().resume(true)), &events);
   EXPECT_TRUE(s_resumed.complete);
   EXPECT_EQ(s_resumed.resumed_from_step, stop);
   EXPECT_EQ(s_resumed.steps, s_whole.steps);
@@ -556,13 +565,13 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
 
   // The finished run resumed again: its summary, nothing trained.
   TokenRunSetup third;
-  const TrainSummary again = third.run(text, options().resume(true));
+  const TrainSummary again = third.run(text, options(run().resume(true)));
   EXPECT_TRUE(again.already_finished);
   EXPECT_EQ(again.steps, s_whole.steps);
   // Another start of the tokens per step is another run.
   TokenRunSetup other;
   const std::string message =
-      error_of([&] { other.run(text, options().target_tokens(256).resume(true)); });
+      error_of([&] { other.run(text, options(run().resume(true)).target_tokens(256)); });
   EXPECT_EQ(message.rfind("--resume: ", 0), 0u) << message;
   EXPECT_NE(message.find("--target-tokens 128, this one has 256"), std::string::npos) << message;
   remove_tree(dir);

@@ -88,8 +88,11 @@ INSTANTIATE_TEST_SUITE_P(
                       "--eval-every"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --eval-every 10",
                       "--eval-every"},
-        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-loss 1.5",
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-loss 0",
                       "--target-loss"},
+        BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --target-loss 1.5 "
+                      "--target-accuracy 0.5",
+                      "--target-loss: a run stops at one target"},
         BadTrainInput{"train --data text:/tmp --target-loss -1", "--target-loss"},
         BadTrainInput{"train --batch-size 8 --model mlp --input 1x8x8 --time-limit -1",
                       "--time-limit"},
@@ -156,6 +159,21 @@ TEST(TrainCli, ATimeLimitStopsTheRunCompleteAndSaysSo) {
   EXPECT_EQ(json["complete"], true) << r.output;
   EXPECT_LT(json["steps"].get<int64_t>(), 1000000) << r.output;
   EXPECT_NE(r.output.find("stopped at the time limit after step"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, ATargetLossStopsAnImageRunAndSaysWhere) {
+  // Any loss is below 1000: the mean of the first full window of 10 steps
+  // reaches it.
+  const auto r = run_cli(std::string("train --batch-size 8 --steps 500 --target-loss 1000") +
+                         kSmall + " --log-every 0 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_EQ(j["target"]["metric"], "train_loss") << r.output;
+  EXPECT_EQ(j["target"]["reached"], true) << r.output;
+  EXPECT_EQ(j["steps_to_target"], 10) << r.output;
+  EXPECT_EQ(j["steps"], 10) << "training stopped there";
+  EXPECT_NE(r.output.find("over the last 10 steps reached the target"), std::string::npos)
+      << r.output;
 }
 
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {

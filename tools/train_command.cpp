@@ -96,9 +96,9 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
       throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}",
                               flags.target_loss));
     }
-    if (!text) {
-      throw Error("--target-loss: only for token training (--data text:DIR); with a test split "
-                  "stop at --target-accuracy");
+    if (cmd.count("--target-accuracy") > 0) {
+      throw Error("--target-loss: a run stops at one target; give it or --target-accuracy, not "
+                  "both");
     }
   }
   for (const char* flag : {"--adapt-every", "--adapt-max-batch", "--adapt-min-batch",
@@ -280,7 +280,10 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                                          .speed_profile(speed_profile(sweep, plan.world_size)))
                       .target_accuracy(cmd.count("--target-accuracy") > 0
                                            ? std::optional<double>(flags.target_accuracy)
-                                           : std::nullopt));
+                                           : std::nullopt)
+                      .target_loss(cmd.count("--target-loss") > 0
+                                       ? std::optional<double>(flags.target_loss)
+                                       : std::nullopt));
   // Device utilization for the log lines: the mean over the last few seconds.
   Monitor monitor(make_sampler(resolved.memory->device()));
   const std::string device = resolved.memory->device().str();
@@ -360,8 +363,8 @@ CommandRun add_train_command(CLI::App& app) {
                   "stop as soon as an evaluation reaches this test accuracy, a fraction in "
                   "(0, 1] (needs a test split; see --eval-every)");
   cmd->add_option("--target-loss", flags->target_loss,
-                  "--data text: stop once the mean training loss over the last 10 optimizer "
-                  "steps is at or below this");
+                  "stop once the mean training loss over the last 10 optimizer steps is at or "
+                  "below this (not with --target-accuracy)");
   cmd->add_option("--time-limit", flags->time_limit,
                   "stop after the optimizer step at which training time (evaluation excluded) "
                   "reaches SECONDS; the run counts as complete (0: no limit)");

@@ -110,26 +110,28 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   const TrainSummary summary = train_by_tokens(
       *resolved.workload, *resolved.memory, plan, text,
       TokenTrainOptions()
-          .epochs(flags.steps > 0 ? 1 : flags.epochs)
-          .steps(flags.steps)
-          .seed(flags.workload.seed)
-          .log_every(flags.log_every)
-          .checkpoint_dir(flags.checkpoint)
-          .checkpoint_every(flags.checkpoint_every)
-          .resume(flags.resume)
-          .time_limit_s(flags.time_limit)
+          .run(TrainOptions()
+                   .epochs(flags.steps > 0 ? 1 : flags.epochs)
+                   .steps(flags.steps)
+                   .seed(flags.workload.seed)
+                   .log_every(flags.log_every)
+                   .checkpoint_dir(flags.checkpoint)
+                   .checkpoint_every(flags.checkpoint_every)
+                   .resume(flags.resume)
+                   .time_limit_s(flags.time_limit)
+                   .target_loss(cmd.count("--target-loss") > 0
+                                    ? std::optional<double>(flags.target_loss)
+                                    : std::nullopt)
+                   .measure_noise_scale(!flags.no_noise_scale)
+                   .adapt(flags.adapt)
+                   .adapt_options(AdaptOptions()
+                                      .every(flags.adapt_every)
+                                      .max_global_batch(flags.adapt_max_batch)
+                                      .min_global_batch(flags.adapt_min_batch)
+                                      .lr(parse_adapt_lr(flags.adapt_lr))))
           .target_tokens(flags.target_tokens)
           .fixed_batch_size(fixed ? plan.micro_batch_size : 0)
-          .pad_to(fixed ? range->max : 0)
-          .target_loss(cmd.count("--target-loss") > 0 ? std::optional<double>(flags.target_loss)
-                                                      : std::nullopt)
-          .measure_noise_scale(!flags.no_noise_scale)
-          .adapt(flags.adapt)
-          .adapt_options(AdaptOptions()
-                             .every(flags.adapt_every)
-                             .max_global_batch(flags.adapt_max_batch)
-                             .min_global_batch(flags.adapt_min_batch)
-                             .lr(parse_adapt_lr(flags.adapt_lr))),
+          .pad_to(fixed ? range->max : 0),
       [&](const TrainEvent& e) {
         if (e.kind == TrainEvent::Kind::kLog) {
           out << fmt::format("step {}  epoch {}  loss {:.4f}  lr {:.3g}  {:.0f} samples/s  {}\n",

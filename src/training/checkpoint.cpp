@@ -188,6 +188,7 @@ void write_checkpoint(const std::string& dir, const CheckpointTarget& target,
   };
   if (record.adapt) meta["adapt"] = *record.adapt;
   if (record.tokens) meta["tokens"] = *record.tokens;
+  if (!record.loss_window.empty()) meta["loss_window"] = record.loss_window;
   if (const auto& kept = record.successive; kept && kept->previous.size > 0) {
     // The last step's gradient under noise/previous, the one before under
     // noise/earlier (absent in checkpoints of one kept step).
@@ -343,6 +344,9 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
     if (!meta.at("summary").is_null()) record.summary = summary_from_json(meta.at("summary"));
     if (meta.contains("adapt")) record.adapt = meta.at("adapt");
     if (meta.contains("tokens")) record.tokens = meta.at("tokens");
+    if (meta.contains("loss_window")) {
+      record.loss_window = meta.at("loss_window").get<std::vector<double>>();
+    }
     param_names = meta.at("parameters").get<std::vector<std::string>>();
     buffer_names = meta.at("buffers").get<std::vector<std::string>>();
   } catch (const Error&) {

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,6 +16,7 @@
 #include "batchtune/data/token_batches.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/training/batch_adapter.h"
+#include "batchtune/training/loss_target.h"
 #include "batchtune/training/token_trainer.h"
 #include "token_steps.h"
 
@@ -48,7 +48,8 @@ class TokenRun {
   void adapt();
   /// A log event after the step that trained `group`.
   void log(double loss_mean, double lr, const std::vector<TokenBatch>& group);
-  /// True when the moving mean loss reached `--target-loss`.
+  /// `target_loss`: adds the step's `loss`; true when the moving mean
+  /// reached the target (the summary says where).
   bool reached_target(double loss);
   /// What a checkpoint must match to be resumed.
   RunIdentity run_identity() const;
@@ -70,6 +71,7 @@ class TokenRun {
   DeviceMemory& memory_;
   const Plan& plan_;
   const TokenTrainOptions& options_;
+  const TrainOptions& run_;  // options_.run(): epochs, logs, checkpoints...
   const TrainCallback& callback_;
   const std::function<void(int64_t)>& before_step_;
   const Clock& clock_;
@@ -90,8 +92,7 @@ class TokenRun {
   int64_t start_tokens_ = 0;
   double loss_since_log_ = 0;
   int64_t steps_since_log_ = 0;
-  std::deque<double> window_;  // the last `loss_window` steps' losses
-  double window_sum_ = 0;
+  std::optional<LossTarget> loss_target_;  // `target_loss`: the last steps' mean
   // --adapt: the policy (which times its windows), the lr and its ramp.
   std::optional<BatchAdapter> adapter_;
   double lr_ = 0;

@@ -28,7 +28,7 @@ RunIdentity TokenRun::run_identity() const {
   // Fixed batches: their samples; a token budget: the plan's tokens.
   id.global_batch_size = fixed_ ? options_.fixed_batch_size() : plan_.token_budget;
   id.train_size = static_cast<int64_t>(lengths_.size());
-  id.seed = options_.seed();
+  id.seed = run_.seed();
   id.lr = plan_.lr;
   id.warmup_steps = plan_.warmup_steps;
   return id;
@@ -51,26 +51,26 @@ void TokenRun::save_checkpoint(const std::optional<TrainSummary>& summary) {
                         {"padded_tokens", summary_.padded_tokens},
                         {"micro_batches", summary_.micro_batches},
                         {"epoch_samples", epoch_samples_},
-                        {"final_loss", summary_.final_loss},
-                        {"loss_window", window_}};
+                        {"final_loss", summary_.final_loss}};
   source_->save(tokens);  // the tokens per step, the budget, the rest of the epoch
   record.tokens = std::move(tokens);
+  if (loss_target_) record.loss_window = loss_target_->window();
   if (adapter_) {
     record.adapt = adapt_checkpoint().save();
     if (step_.successive().holding()) record.successive = step_.successive().state();
   }
-  write_checkpoint(options_.checkpoint_dir(),
+  write_checkpoint(run_.checkpoint_dir(),
                    {workload_.model(), workload_.optimizer(), step_.scaler()}, record);
   TrainEvent event;
   event.kind = TrainEvent::Kind::kCheckpoint;
   event.step = summary_.steps;
   event.epoch = epoch_;
-  event.message = "checkpoint " + options_.checkpoint_dir() + "/" + kCheckpointFile;
+  event.message = "checkpoint " + run_.checkpoint_dir() + "/" + kCheckpointFile;
   emit(event);
 }
 
 std::optional<TrainSummary> TokenRun::resume() {
-  const std::string& dir = options_.checkpoint_dir();
+  const std::string& dir = run_.checkpoint_dir();
   const std::string path = dir + "/" + kCheckpointFile;
   const auto record = read_checkpoint(dir, run_identity(),
                                       {workload_.model(), workload_.optimizer(), step_.scaler()});
@@ -111,11 +111,11 @@ std::optional<TrainSummary> TokenRun::resume() {
     summary_.micro_batches = t.at("micro_batches").get<int64_t>();
     summary_.final_loss = t.at("final_loss").get<double>();
     epoch_samples_ = t.at("epoch_samples").get<int64_t>();
-    window_.clear();
-    window_sum_ = 0;
-    for (const auto& loss : t.at("loss_window")) {
-      window_.push_back(loss.get<double>());
-      window_sum_ += window_.back();
+    if (loss_target_) {
+      // Checkpoints before the window was every run's keep it under `tokens`.
+      loss_target_->restore(t.contains("loss_window")
+                                ? t.at("loss_window").get<std::vector<double>>()
+                                : record->loss_window);
     }
     resumed_ = true;
   } catch (const Error&) {
@@ -145,8 +145,8 @@ std::optional<TrainSummary> TokenRun::resume() {
   const bool finished =
       record->summary &&
       (record->summary->target_reached ||
-       (options_.steps() > 0 ? p.step >= options_.steps()
-                             : record->summary->epochs >= static_cast<double>(options_.epochs())));
+       (run_.steps() > 0 ? p.step >= run_.steps()
+                         : record->summary->epochs >= static_cast<double>(run_.epochs())));
   if (finished) {
     event.message = fmt::format("the run in {} is already finished (step {}): nothing to "
                                 "train; its summary follows",

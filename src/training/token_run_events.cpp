@@ -13,7 +13,7 @@ void TokenRun::log(double loss_mean, double lr, const std::vector<TokenBatch>& g
   TrainEvent event;
   event.kind = TrainEvent::Kind::kLog;
   event.step = summary_.steps;
-  event.total_steps = options_.steps();
+  event.total_steps = run_.steps();
   event.epoch = epoch_;
   event.loss = loss_mean;
   event.lr = lr;
@@ -37,15 +37,7 @@ void TokenRun::log(double loss_mean, double lr, const std::vector<TokenBatch>& g
 }
 
 bool TokenRun::reached_target(double loss) {
-  const double target = *options_.target_loss();
-  window_.push_back(loss);
-  window_sum_ += loss;
-  if (static_cast<int64_t>(window_.size()) > options_.loss_window()) {
-    window_sum_ -= window_.front();
-    window_.pop_front();
-  }
-  const double mean = window_sum_ / static_cast<double>(window_.size());
-  if (static_cast<int64_t>(window_.size()) < options_.loss_window() || mean > target) return false;
+  if (!loss_target_->add(loss)) return false;
   summary_.target_reached = true;
   summary_.steps_to_target = summary_.steps;
   summary_.seconds_to_target = clock_.now_s() - start_s_;
@@ -54,11 +46,8 @@ bool TokenRun::reached_target(double loss) {
   event.kind = TrainEvent::Kind::kTargetReached;
   event.step = summary_.steps;
   event.epoch = epoch_;
-  event.loss = mean;
-  event.message = fmt::format(
-      "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} after {:.1f} "
-      "s: stopping",
-      mean, options_.loss_window(), target, summary_.steps, *summary_.seconds_to_target);
+  event.loss = loss_target_->mean();
+  event.message = loss_target_->reached_message(summary_.steps, *summary_.seconds_to_target);
   emit(event);
   return true;
 }

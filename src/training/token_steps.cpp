@@ -27,7 +27,7 @@ TokenSteps::TokenSteps(const TextDataset& data, const Plan& plan,
                        const TokenTrainOptions& options)
     : data_(data),
       lengths_(data.lengths()),
-      seed_(options.seed()),
+      seed_(options.run().seed()),
       fixed_batch_size_(options.fixed_batch_size()),
       fixed_(options.fixed_batch_size() > 0),
       longest_(data.length_range().max) {

@@ -30,48 +30,44 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
       memory_(memory),
       plan_(plan),
       options_(options),
+      run_(options.run()),
       callback_(callback),
       before_step_(before_step),
-      clock_(options.clock() != nullptr ? *options.clock() : steady_clock()),
+      clock_(options.run().clock() != nullptr ? *options.run().clock() : steady_clock()),
       fixed_(options.fixed_batch_size() > 0),
       lengths_(data.lengths()),
       step_(workload, memory.device(),
             StepOptions()
                 .amp(plan.amp)
-                .measure_noise_scale(options.measure_noise_scale())
-                .noise_scale_every(options.adapt() ? kAdaptNoiseEvery
-                                                   : kNoiseScaleEveryWithoutAccumulation)
-                .noise_from_successive_steps(options.adapt())),
+                .measure_noise_scale(options.run().measure_noise_scale())
+                .noise_scale_every(options.run().adapt() ? kAdaptNoiseEvery
+                                                         : kNoiseScaleEveryWithoutAccumulation)
+                .noise_from_successive_steps(options.run().adapt())),
       lr_(plan.lr) {
   if (!fixed_ && plan.token_budget < 1) {
     throw OptionError(Option::kPlan, "training by tokens needs a plan with a token_budget (tune "
                                      "with " + mention(Option::kInput) + " int64:MIN..MAX)");
   }
-  check_run_options(options);
+  // Text has no test split: what only evaluation reads is refused here.
+  check_train_options(run_, /*has_test=*/false);
+  if (run_.eval_every() > 0 || run_.eval_every_samples() > 0) {
+    throw OptionError(run_.eval_every() > 0 ? Option::kEvalEvery : Option::kEvalEverySamples,
+                      "text has no test split to evaluate; stop at a training loss with " +
+                          mention(Option::kTargetLoss));
+  }
   if (options.target_tokens() < 0) {
     throw OptionError(Option::kTargetTokens,
                       fmt::format("must be at least 1, got {}", options.target_tokens()));
   }
-  if (const auto& target = options.target_loss()) {
-    if (!(std::isfinite(*target) && *target > 0)) {
-      throw OptionError(Option::kTargetLoss,
-                        fmt::format("must be a positive loss, like 1.5; got {}", *target));
-    }
-  }
-  if (options.loss_window() < 1) {
-    throw OptionError(Option::kTargetLoss,
-                      fmt::format("the loss window must be at least 1 step, got {}",
-                                  options.loss_window()));
-  }
   check_amp_device(plan.amp, memory.device(), "a plan's \"amp\" (or --amp)");
   source_.emplace(data, plan, options);
   const int64_t target_tokens = source_->target_tokens();
-  if (options.adapt()) {
+  if (run_.adapt()) {
     if (fixed_) {
       throw OptionError(Option::kAdapt, "moves the tokens per step of a token budget; leave out " +
                                             mention(Option::kBatchSize));
     }
-    AdaptOptions adapt = options.adapt_options();
+    AdaptOptions adapt = run_.adapt_options();
     adapt.unit("tokens");
     int64_t data_tokens = 0;
     for (int64_t l : lengths_) data_tokens += l;
@@ -98,7 +94,10 @@ TokenRun::TokenRun(Workload& workload, DeviceMemory& memory, const Plan& plan,
     summary_.batch_schedule.push_back(start);
   }
   summary_.world_size = 1;
-  if (options.target_loss()) summary_.target = TrainTarget{"train_loss", *options.target_loss()};
+  if (const auto& target = run_.target_loss()) {
+    loss_target_.emplace(*target, run_.loss_window());
+    summary_.target = TrainTarget{"train_loss", *target};
+  }
 }
 
 std::vector<TokenBatch> TokenRun::next_group() {
@@ -106,7 +105,7 @@ std::vector<TokenBatch> TokenRun::next_group() {
   // in two halves (the same samples and tokens), unless it measures against
   // the previous step.
   const int64_t every = step_.options().noise_scale_every();
-  return source_->next_group(options_.measure_noise_scale() &&
+  return source_->next_group(run_.measure_noise_scale() &&
                              !step_.options().noise_from_successive_steps() &&
                              summary_.steps % every == 0);
 }
@@ -122,7 +121,7 @@ at::Tensor TokenRun::train_group(std::vector<TokenBatch>& group, int64_t group_t
           weights.push_back(static_cast<double>(b.tokens) / static_cast<double>(group_tokens));
           noise_sizes.push_back(b.tokens);
         }
-        if (!options_.measure_noise_scale() ||
+        if (!run_.measure_noise_scale() ||
             (group.size() < 2 && !step_.options().noise_from_successive_steps())) {
           noise_sizes.clear();
         }
@@ -183,16 +182,16 @@ void TokenRun::adapt() {
 
 TrainSummary TokenRun::run() {
   start_s_ = clock_.now_s();
-  if (options_.resume()) {
+  if (run_.resume()) {
     if (std::optional<TrainSummary> finished = resume()) return *finished;
     if (adapter_) adapter_->restart_window(0, summary_.tokens);
   }
   start_samples_ = summary_.samples;
   start_tokens_ = summary_.tokens;
   const int64_t epochs =
-      options_.steps() > 0 ? std::numeric_limits<int64_t>::max() : options_.epochs();
-  const auto steps_done = [&] { return options_.steps() > 0 && summary_.steps >= options_.steps(); };
-  const bool checkpoints = !options_.checkpoint_dir().empty();
+      run_.steps() > 0 ? std::numeric_limits<int64_t>::max() : run_.epochs();
+  const auto steps_done = [&] { return run_.steps() > 0 && summary_.steps >= run_.steps(); };
+  const bool checkpoints = !run_.checkpoint_dir().empty();
   std::string interrupted_by;
   for (; epoch_ < epochs; ++epoch_) {
     // The epoch a resume stopped in continues with the micro-batches it had
@@ -222,12 +221,12 @@ TrainSummary TokenRun::run() {
       }
       loss_since_log_ += summary_.final_loss;
       ++steps_since_log_;
-      if (options_.log_every() > 0 && summary_.steps % options_.log_every() == 0) {
+      if (run_.log_every() > 0 && summary_.steps % run_.log_every() == 0) {
         log(loss_since_log_ / static_cast<double>(steps_since_log_), lr, group);
         loss_since_log_ = 0;
         steps_since_log_ = 0;
       }
-      if (options_.target_loss() && reached_target(summary_.final_loss)) break;
+      if (loss_target_ && reached_target(summary_.final_loss)) break;
       // An --adapt window times its steps once the first after a change settled.
       if (adapter_ && adapter_->settles()) {
         memory_.synchronize();
@@ -238,14 +237,14 @@ TrainSummary TokenRun::run() {
         interrupted_by = interrupt_name();
         break;
       }
-      if (checkpoints && options_.checkpoint_every() > 0 &&
-          summary_.steps % options_.checkpoint_every() == 0 && !steps_done()) {
+      if (checkpoints && run_.checkpoint_every() > 0 &&
+          summary_.steps % run_.checkpoint_every() == 0 && !steps_done()) {
         save_checkpoint();
       }
       // The loss read above waited for the step: the clock is settled. The
       // limit stops a run with steps left, not one that just ended.
       const bool run_ended = steps_done() || (source_->epoch_done() && epoch_ + 1 >= epochs);
-      if (options_.time_limit_s() > 0 && clock_.now_s() - start_s_ >= options_.time_limit_s() &&
+      if (run_.time_limit_s() > 0 && clock_.now_s() - start_s_ >= run_.time_limit_s() &&
           !run_ended) {
         summary_.time_limit_reached = true;
         break;

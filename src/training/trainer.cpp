@@ -91,6 +91,9 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
     adapter_.emplace(plan_.global_batch_size, plan_.lr, plan_.lr_scaling, plan_.world_size,
                      adapt);
   }
+  if (const auto& target = options_.target_loss()) {
+    loss_target_.emplace(*target, options_.loss_window());
+  }
   const auto& inputs = workload_.input_spec().inputs;
   if (inputs.size() != 1 || train_.sample_shape() != inputs.front().shape) {
     throw OptionError(Option::kInput,
@@ -157,6 +160,19 @@ void Trainer::train_step(const Batch& batch) {
   }
   apply_or_explain(memory_, training_step_,
                    scheduled_lr(lr_at(step_), plan_.warmup_steps, step_), step_);
+}
+
+bool Trainer::reached_target_loss(double loss) {
+  // Data parallel: rank 0's losses (its share of each batch) decide for all,
+  // so that every rank stops after the same step.
+  bool reached = loss_target_->add(loss);
+  if (data_parallel_.distributed()) {
+    reached = data_parallel_.sum(data_parallel_.rank() == 0 && reached ? 1 : 0) > 0;
+  }
+  if (!reached) return false;
+  reached_ = Reached{step_, train_seconds_, samples_};
+  emit(TrainEvent::Kind::kTargetReached, loss_target_->reached_message(step_, train_seconds_));
+  return true;
 }
 
 TrainSummary Trainer::run() {
@@ -242,8 +258,12 @@ TrainSummary Trainer::run() {
     }
     ++window_steps_;
     // No synchronisation per step: the device keeps its queue. The clock is
-    // settled (device work waited for) wherever time is read.
+    // settled (device work waited for) wherever time is read. --target-loss
+    // reads each step's loss, a wait that is training time.
+    const std::optional<double> step_loss =
+        loss_target_ ? std::optional<double>(last_loss_tensor_.item<double>()) : std::nullopt;
     train_seconds_ += clock_->now_s() - start;
+    bool reached = step_loss && reached_target_loss(*step_loss);
     // An --adapt window times its steps once the first after a change settled.
     if (adapter_ && adapter_->settles()) {
       settle_clock();
@@ -253,18 +273,17 @@ TrainSummary Trainer::run() {
     // --adapt decides before the epoch's end is read: a larger batch that
     // no longer fits in what is left of the epoch starts the next one.
     if (adapter_ && step_ % adapter_->options().every() == 0 && step_ < total_steps_ &&
-        adapt_batch()) {
+        !reached && adapt_batch()) {
       total_steps_ = planned_steps();
       make_loader(loader);
     }
 
     // Evaluation is not training time: the clock is settled before it and
     // the next step's starts after it.
-    bool reached = false;
     if (cursor_.at(step_).epoch != epoch_) {
       settle_clock();
       if (test_ != nullptr) {
-        reached = evaluate_now(TrainEvent::Kind::kEpochEnd);
+        reached = evaluate_now(TrainEvent::Kind::kEpochEnd) || reached;
       } else {
         emit(TrainEvent::Kind::kEpochEnd);
       }
@@ -275,7 +294,7 @@ TrainSummary Trainer::run() {
                 samples_ / options_.eval_every_samples() >
                     (samples_ - step_samples) / options_.eval_every_samples())) {
       settle_clock();
-      reached = evaluate_now(TrainEvent::Kind::kEvaluation);
+      reached = evaluate_now(TrainEvent::Kind::kEvaluation) || reached;
     }
     if (options_.log_every() > 0 && step_ % options_.log_every() == 0) {
       settle_clock();

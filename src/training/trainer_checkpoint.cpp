@@ -44,6 +44,7 @@ void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
   record.position = {step_, epoch_, batch_in_epoch_, samples_, oom_recoveries_};
   record.plan = plan_;
   record.summary = summary;
+  if (loss_target_) record.loss_window = loss_target_->window();
   if (adapter_) {
     record.adapt = adapt_checkpoint().save();
     if (training_step_.successive().holding()) {
@@ -66,6 +67,7 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   batch_in_epoch_ = p.batch_in_epoch;
   samples_ = p.samples;
   oom_recoveries_ = p.oom_recoveries;
+  if (loss_target_) loss_target_->restore(record->loss_window);
   const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
   if (record->adapt && !adapter_) {
     throw OptionError(Option::kResume,

@@ -38,8 +38,10 @@ TrainSummary Trainer::summary(bool complete, bool time_limit_reached) {
   s.noise_scale = training_step_.noise_scale().noise_scale();
   s.batch_schedule = schedule_;
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
-  if (options_.target_accuracy()) {
-    s.target = TrainTarget{"test_accuracy", *options_.target_accuracy()};
+  if (options_.target_accuracy() || options_.target_loss()) {
+    s.target = options_.target_accuracy()
+                   ? TrainTarget{"test_accuracy", *options_.target_accuracy()}
+                   : TrainTarget{"train_loss", *options_.target_loss()};
     s.target_reached = reached_.has_value();
     if (reached_) {
       s.steps_to_target = reached_->step;

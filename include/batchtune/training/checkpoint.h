@@ -65,6 +65,10 @@ struct CheckpointRecord {
   /// epoch's micro-batches, the tokens per step and the budget as they
   /// stand, and the token counts so far; nullopt for other runs. JSON `tokens`.
   std::optional<nlohmann::json> tokens;
+  /// `--target-loss`: the last steps' losses its moving mean is over
+  /// (`LossTarget::window`), so that a resume stops where the whole run
+  /// would have; empty without a target. JSON `loss_window`.
+  std::vector<double> loss_window;
 };
 
 /// What a checkpoint writes and reads: the model, its optimizer and loss scaler.

@@ -15,6 +15,7 @@
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/training/batch_adapter.h"
+#include "batchtune/training/loss_target.h"
 
 namespace batchtune {
 
@@ -57,6 +58,15 @@ struct TrainOptions {
   /// Stop as soon as an evaluation reaches this test accuracy, a fraction in
   /// (0, 1]; needs a test split. nullopt trains the steps or epochs out.
   TORCH_ARG(std::optional<double>, target_accuracy) = std::nullopt;
+  /// Stop as soon as the mean training loss over the last `loss_window`
+  /// optimizer steps is at or below this positive loss (see `LossTarget`);
+  /// nullopt trains the steps or epochs out. One target a run: not with
+  /// `target_accuracy`. Each step's loss is then read as it ends, which
+  /// waits for the device once a step.
+  TORCH_ARG(std::optional<double>, target_loss) = std::nullopt;
+  /// Optimizer steps in the moving mean `target_loss` is checked against: a
+  /// few, so that one lucky batch does not end the run.
+  TORCH_ARG(int64_t, loss_window) = 10;
   /// Stop after the optimizer step at which this many seconds of training
   /// time (read from the trainer's clock) have passed; 0 for no limit. A run
   /// so stopped is complete, with `time_limit_reached` set.
@@ -188,7 +198,7 @@ constexpr const char* kCheckpointFile = "checkpoint.pt";
 /// divided by its share of the batch, the LR schedule per optimizer step,
 /// autocast and the loss scaler per `plan.amp`), evaluates on `test` at each
 /// epoch's end (and every `eval_every` steps), stops at `target_accuracy`
-/// when an evaluation reaches it, recovers from out-of-memory by halving the micro-batch (the
+/// when an evaluation reaches it (or at `target_loss`), recovers from out-of-memory by halving the micro-batch (the
 /// logical batch, LR and samples stay the same) and writes checkpoints.
 ///
 /// Example:
@@ -253,6 +263,9 @@ class Trainer {
   /// Evaluates the test split at this step, unless done already; true when
   /// the evaluation reached the target accuracy (recorded in `reached_`).
   bool evaluate_now(TrainEvent::Kind kind);
+  /// `target_loss`: adds `loss`, the step's just trained, to the window;
+  /// true when its mean reached the target (recorded in `reached_`).
+  bool reached_target_loss(double loss);
   /// Writes the checkpoint (see checkpoint.h); `summary` when the run is finished.
   void save_checkpoint(const std::optional<TrainSummary>& summary = std::nullopt);
   /// Reads the checkpoint when there is one (sets `loaded_`); returns the
@@ -317,6 +330,8 @@ class Trainer {
     int64_t samples = 0;
   };
   std::optional<Reached> reached_;
+  /// `target_loss`: the moving mean of the last steps' losses.
+  std::optional<LossTarget> loss_target_;
   at::Tensor last_loss_tensor_;
   at::Tensor window_loss_;   // sum of logical-batch losses since the last log
   int64_t window_steps_ = 0;

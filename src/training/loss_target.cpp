@@ -1,0 +1,33 @@
+#include "batchtune/training/loss_target.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+namespace batchtune {
+
+bool LossTarget::add(double loss) {
+  window_.push_back(loss);
+  if (static_cast<int64_t>(window_.size()) > window_size_) window_.pop_front();
+  return static_cast<int64_t>(window_.size()) == window_size_ && mean() <= target_;
+}
+
+double LossTarget::mean() const {
+  if (window_.empty()) return 0;
+  return std::accumulate(window_.begin(), window_.end(), 0.0) /
+         static_cast<double>(window_.size());
+}
+
+std::string LossTarget::reached_message(int64_t step, double seconds) const {
+  return fmt::format(
+      "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} after {:.1f} "
+      "s: stopping",
+      mean(), window_size_, target_, step, seconds);
+}
+
+void LossTarget::restore(const std::vector<double>& losses) {
+  window_.clear();
+  for (double loss : losses) add(loss);
+}
+
+}  // namespace batchtune
