@@ -171,9 +171,8 @@ TEST(TrainerTargetLoss, BadTargetsAreRefusedNamingTheFlag) {
   EXPECT_NE(refused(TrainOptions().steps(1).target_loss(1.0).target_accuracy(0.9))
                 .find("not both"),
             std::string::npos);
-  EXPECT_EQ(refused(TrainOptions().steps(1).target_loss(1.0).loss_window(0)).rfind(
-                "--target-loss:", 0),
-            0u);
+  const std::string no_window = refused(TrainOptions().steps(1).target_loss(1.0).loss_window(0));
+  EXPECT_EQ(no_window.rfind("--target-loss:", 0), 0u) << no_window;
 }
 
 }  // namespace

@@ -406,6 +406,34 @@ TEST(TokenTrainer, ATimeLimitStopsAfterTheStepThatReachesItAndTheRunIsComplete) 
   }
 }
 
+TEST(TokenTrainer, ATextRunReportsEpochEndsAndProgressAsAnImageRunDoes) {
+  // One loop for both: a text run ends each epoch with an event, and a
+  // progress event comes every interval of training time and at the end.
+  TextFolder folder("epoch_events", {16, 64}, 80, 8);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  std::vector<TrainEvent> events;
+  const TrainSummary s = setup.run(
+      text, TokenTrainOptions().run(TrainOptions().epochs(2).progress_interval_s(3)), &events);
+  std::vector<TrainEvent> epoch_ends;
+  std::vector<int64_t> progress_steps;
+  for (const TrainEvent& e : events) {
+    if (e.kind == TrainEvent::Kind::kEpochEnd) epoch_ends.push_back(e);
+    if (e.kind == TrainEvent::Kind::kProgress) progress_steps.push_back(e.step);
+  }
+  ASSERT_EQ(epoch_ends.size(), 2u);
+  EXPECT_EQ(epoch_ends[0].epoch, 0);
+  EXPECT_EQ(epoch_ends[1].epoch, 1);
+  EXPECT_LT(epoch_ends[0].step, epoch_ends[1].step);
+  EXPECT_EQ(epoch_ends[1].step, s.steps) << "the last step ends the last epoch";
+  EXPECT_DOUBLE_EQ(s.epochs, 2.0);
+  // 1 s a step on the fake clock: steps 3, 6, ... and the last.
+  ASSERT_FALSE(progress_steps.empty());
+  EXPECT_EQ(progress_steps.front(), 3);
+  EXPECT_EQ(progress_steps.back(), s.steps);
+  EXPECT_EQ(static_cast<int64_t>(progress_steps.size()), s.steps / 3 + (s.steps % 3 != 0));
+}
+
 TEST(TokenTrainer, FewerTargetTokensThanTheBudgetMakeSmallerMicroBatches) {
   TextFolder folder("small-target", {16, 64}, 200, 10);
   TextDataset text(folder.path(), {16, 64});

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "batchtune/common/error.h"
+#include "batchtune/data/sample_cursor.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/reports/train_reporter.h"
 #include "batchtune/step/workload.h"

@@ -346,6 +346,9 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
     if (meta.contains("tokens")) record.tokens = meta.at("tokens");
     if (meta.contains("loss_window")) {
       record.loss_window = meta.at("loss_window").get<std::vector<double>>();
+    } else if (record.tokens && record.tokens->contains("loss_window")) {
+      // Text checkpoints before the window was every run's keep it there.
+      record.loss_window = record.tokens->at("loss_window").get<std::vector<double>>();
     }
     param_names = meta.at("parameters").get<std::vector<std::string>>();
     buffer_names = meta.at("buffers").get<std::vector<std::string>>();

@@ -1,6 +1,6 @@
 // The trainer's side of `--adapt` (see batch_adapter.h): the window timed,
-// rank 0's decision shared, the change applied to the plan, the step, the
-// cursor, and the lr ramped to its new value.
+// rank 0's decision shared, the change applied by the step source, and the
+// lr ramped to its new value.
 #include "batchtune/training/trainer.h"
 
 #include <ATen/ATen.h>
@@ -19,10 +19,10 @@ double Trainer::lr_at(int64_t step) const {
 
 bool Trainer::adapt_batch() {
   settle_clock();
-  adapter_->end_window(plan_.global_batch_size, train_seconds_, run_samples_);
+  adapter_->end_window(source_->global_batch(), train_seconds_, source_->progress());
   std::optional<BatchChange> change;
   if (data_parallel_.rank() == 0) {
-    change = adapter_->decide(step_, plan_.global_batch_size,
+    change = adapter_->decide(step_, source_->global_batch(),
                               training_step_.noise_scale().estimator());
   }
   if (data_parallel_.distributed()) {
@@ -47,25 +47,18 @@ bool Trainer::adapt_batch() {
     }
   }
   if (!change) return false;
-  apply_change(*change);
+  apply_change(std::move(*change));
   return true;
 }
 
-void Trainer::apply_change(const BatchChange& change) {
+void Trainer::apply_change(BatchChange change) {
   ramp_.restart(step_, lr_at(step_));
-  const int64_t before = plan_.global_batch_size;
-  plan_.global_batch_size = change.global_batch_size;
-  plan_.micro_batch_size = change.micro_batch_size;
-  plan_.accumulation_steps = change.accumulation_steps;
   plan_.lr = change.lr;
-  training_step_.set_micro_batch_size(change.micro_batch_size);
-  cursor_.change(step_, change.global_batch_size);
+  const std::string message = source_->resize(change, training_step_);
   schedule_.push_back(change);
   emit(TrainEvent::Kind::kBatchChange,
-       fmt::format("adapt: global batch {} -> {} ({} x {} per rank), lr {:.3g} over {} steps: "
-                   "{}",
-                   before, change.global_batch_size, change.micro_batch_size,
-                   change.accumulation_steps, change.lr, kAdaptLrRampSteps, change.reason));
+       fmt::format("{}, lr {:.3g} over {} steps: {}", message, change.lr, kAdaptLrRampSteps,
+                   change.reason));
 }
 
 }  // namespace batchtune

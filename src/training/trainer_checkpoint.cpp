@@ -1,6 +1,8 @@
 // Checkpoints of a training run (see checkpoint.h): the trainer hands over its
-// position, its plan, the `--adapt` state, and the summary once the run is
-// finished; a resume reads them back, or refuses another run's.
+// position, its plan, the `--adapt` state, the target's window and the summary
+// once the run is finished, and the step source what only it keeps (text:
+// the rest of the epoch and the token counts); a resume reads them back, or
+// refuses another run's.
 #include "batchtune/training/trainer.h"
 
 #include "batchtune/training/checkpoint.h"
@@ -24,9 +26,7 @@ RunIdentity Trainer::run_identity() const {
   id.input = describe(workload_.input_spec());
   id.optimizer = workload_.options().optimizer();
   id.amp = amp_name(plan_.amp);
-  id.world_size = start_plan_.world_size;
-  id.global_batch_size = start_plan_.global_batch_size;
-  id.train_size = train_.size();
+  source_->identify(id);
   id.seed = options_.seed();
   id.lr = start_plan_.lr;
   id.warmup_steps = start_plan_.warmup_steps;
@@ -41,9 +41,10 @@ void Trainer::save_checkpoint(const std::optional<TrainSummary>& summary) {
   if (data_parallel_.rank() != 0) return;  // one job, one checkpoint
   CheckpointRecord record;
   record.identity = run_identity();
-  record.position = {step_, epoch_, batch_in_epoch_, samples_, oom_recoveries_};
+  record.position = {step_, epoch_, 0, samples_, oom_recoveries_};
   record.plan = plan_;
   record.summary = summary;
+  source_->save(record);
   if (loss_target_) record.loss_window = loss_target_->window();
   if (adapter_) {
     record.adapt = adapt_checkpoint().save();
@@ -61,14 +62,14 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   const auto record = read_checkpoint(options_.checkpoint_dir(), run_identity(),
                                       {workload_.model(), workload_.optimizer(), training_step_.scaler()});
   if (!record) return std::nullopt;
+  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
+  source_->check(*record, path);
   const CheckpointPosition& p = record->position;
   step_ = p.step;
   epoch_ = p.epoch;
-  batch_in_epoch_ = p.batch_in_epoch;
   samples_ = p.samples;
   oom_recoveries_ = p.oom_recoveries;
   if (loss_target_) loss_target_->restore(record->loss_window);
-  const std::string path = options_.checkpoint_dir() + "/" + kCheckpointFile;
   if (record->adapt && !adapter_) {
     throw OptionError(Option::kResume,
                       fmt::format("{} was written by an {} run (its global batch changed as it "
@@ -77,24 +78,14 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
   }
   if (record->adapt) {
     adapt_checkpoint().load(*record->adapt, path);
-    for (size_t i = 1; i < schedule_.size(); ++i) {
-      cursor_.change(schedule_[i].step, schedule_[i].global_batch_size);
-    }
     if (record->successive) {
       training_step_.successive().load_state(on_device(*record->successive, memory_.device()));
     }
-    // The plan as it stood: the schedule's batch and lr, any smaller
-    // micro-batch an out-of-memory forced.
-    plan_.global_batch_size = record->plan.global_batch_size;
-    plan_.micro_batch_size = record->plan.micro_batch_size;
-    plan_.accumulation_steps = record->plan.accumulation_steps;
-    plan_.lr = record->plan.lr;
-    training_step_.set_micro_batch_size(plan_.micro_batch_size);
-  } else if (record->plan.micro_batch_size < plan_.micro_batch_size) {
-    // Keep the smaller micro-batch an earlier out-of-memory forced.
-    plan_.micro_batch_size = record->plan.micro_batch_size;
-    plan_.accumulation_steps = ceil_div(plan_.global_batch_size, plan_.micro_batch_size);
-    training_step_.set_micro_batch_size(plan_.micro_batch_size);
+  }
+  source_->load(*record, schedule_, path);
+  if (plan_.micro_batch_size >= 1) training_step_.set_micro_batch_size(plan_.micro_batch_size);
+  if (adapter_) {
+    if (const auto cap = source_->micro_cap()) adapter_->cap_micro_batch(*cap);
   }
   loaded_ = true;
   if (record->summary) return record->summary;
@@ -102,29 +93,31 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
 }
 
 std::optional<TrainSummary> Trainer::resume() {
-  const std::optional<TrainSummary> finished = load_checkpoint();
+  const std::optional<TrainSummary> saved = load_checkpoint();
   // A run that stopped at its target is finished too.
-  const bool at_target = finished && finished->target_reached;
-  if (loaded_ && (step_ >= total_steps_ || at_target)) {
+  const bool at_target = saved && saved->target_reached;
+  if (loaded_ && (finished() || at_target)) {
     // Nothing left to train: a finished run's summary as it was, never a
     // summary of zero steps over it.
-    if (!finished) {
+    if (!saved) {
       throw OptionError(Option::kResume,
-                        fmt::format("{}/{} is at step {}, past the {} steps of this run; ask "
+                        fmt::format("{}/{} is at step {}, past the {} of this run; ask "
                                     "for more {} or {}",
                                     options_.checkpoint_dir(), kCheckpointFile, step_,
-                                    total_steps_, mention(Option::kSteps),
-                                    mention(Option::kEpochs)));
+                                    total_steps_ ? fmt::format("{} steps", *total_steps_)
+                                                 : fmt::format("{} epochs", options_.epochs()),
+                                    mention(Option::kSteps), mention(Option::kEpochs)));
     }
     emit(TrainEvent::Kind::kResumed,
-         fmt::format("the run in {} is already finished (step {} of {}{}): nothing to "
+         fmt::format("the run in {} is already finished (step {}{}{}): nothing to "
                      "train; its summary follows",
-                     options_.checkpoint_dir(), step_, total_steps_,
+                     options_.checkpoint_dir(), step_,
+                     total_steps_ ? fmt::format(" of {}", *total_steps_) : std::string(),
                      at_target ? ", stopped at its target" : ""));
     // Exports a kill cut short before the last checkpoint are made again
     // from the weights it holds.
     if (data_parallel_.rank() == 0) write_model_exports(options_.checkpoint_dir(), workload_.model());
-    TrainSummary s = *finished;
+    TrainSummary s = *saved;
     s.already_finished = true;
     return s;
   }
@@ -136,9 +129,8 @@ std::optional<TrainSummary> Trainer::resume() {
     total_steps_ = planned_steps();  // the changes it replayed
     resumed_from_step_ = step_;
     emit(TrainEvent::Kind::kResumed,
-         fmt::format("resumed from {}/{} at step {} (epoch {}, batch {} of it)",
-                     options_.checkpoint_dir(), kCheckpointFile, step_, epoch_ + 1,
-                     batch_in_epoch_));
+         fmt::format("resumed from {}/{} at step {} (epoch {}, {})", options_.checkpoint_dir(),
+                     kCheckpointFile, step_, epoch_ + 1, source_->position_in_epoch(step_)));
   }
   return std::nullopt;
 }

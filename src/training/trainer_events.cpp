@@ -15,9 +15,10 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   TrainEvent e;
   e.kind = kind;
   e.step = step_;
-  e.total_steps = total_steps_;
+  e.total_steps = total_steps_.value_or(0);
   e.epoch = epoch_;
-  e.epochs = cursor_.at(std::max<int64_t>(total_steps_ - 1, 0)).epoch + 1;
+  e.epochs = total_steps_ ? source_->epoch_at(std::max<int64_t>(*total_steps_ - 1, 0)) + 1
+                          : options_.epochs();
   e.lr = scheduled_lr(lr_at(std::max<int64_t>(step_ - 1, 0)), plan_.warmup_steps,
                       std::max<int64_t>(step_ - 1, 0));
   e.micro_batch_size = plan_.micro_batch_size;
@@ -40,9 +41,9 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
     }
     *mark = {train_seconds_, data_seconds_, run_samples_};
   }
-  if (run_samples_ > 0 && train_seconds_ > 0) {
+  if (run_samples_ > 0 && train_seconds_ > 0 && total_steps_) {
     const double steps_per_s = static_cast<double>(step_ - resumed_from_step_) / train_seconds_;
-    if (steps_per_s > 0) e.eta_s = static_cast<double>(total_steps_ - step_) / steps_per_s;
+    if (steps_per_s > 0) e.eta_s = static_cast<double>(*total_steps_ - step_) / steps_per_s;
   }
   if (kind == TrainEvent::Kind::kLog && window_steps_ > 0) {
     e.loss = window_loss_.item<double>() / static_cast<double>(window_steps_);
@@ -51,7 +52,13 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   } else if (last_loss_tensor_.defined()) {
     e.loss = last_loss_tensor_.item<double>();
   }
-  if (kind == TrainEvent::Kind::kLog) e.noise_scale = training_step_.noise_scale().noise_scale();
+  if (kind == TrainEvent::Kind::kLog) {
+    e.noise_scale = training_step_.noise_scale().noise_scale();
+    source_->describe(e, train_seconds_);
+  }
+  if (kind == TrainEvent::Kind::kBatchChange) {
+    e.noise_scale = training_step_.noise_scale().noise_scale();
+  }
   if (utilization_ && (kind == TrainEvent::Kind::kLog || kind == TrainEvent::Kind::kProgress)) {
     e.utilization = utilization_();
   }

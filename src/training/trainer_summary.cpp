@@ -10,13 +10,6 @@ TrainSummary Trainer::summary(bool complete, bool time_limit_reached) {
   TrainSummary s;
   s.steps = step_;
   s.samples = samples_;
-  if (adapter_) {
-    const SamplePosition at = cursor_.at(step_);
-    s.epochs = static_cast<double>(at.epoch) +
-               static_cast<double>(at.offset) / static_cast<double>(train_.size());
-  } else {
-    s.epochs = static_cast<double>(step_) / static_cast<double>(steps_per_epoch());
-  }
   s.final_loss = last_loss_;
   s.test_accuracy = test_ != nullptr ? test_accuracy_ : std::nullopt;
   s.oom_recoveries = oom_recoveries_;
@@ -36,6 +29,7 @@ TrainSummary Trainer::summary(bool complete, bool time_limit_reached) {
     s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
   }
   s.noise_scale = training_step_.noise_scale().noise_scale();
+  source_->summarize(s, train_seconds_);
   s.batch_schedule = schedule_;
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
   if (options_.target_accuracy() || options_.target_loss()) {

@@ -4,17 +4,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "batchtune/common/clock.h"
 #include "batchtune/data/dataset.h"
-#include "batchtune/data/sample_cursor.h"
 #include "batchtune/distributed/data_parallel.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/training/batch_adapter.h"
+#include "batchtune/training/step_source.h"
 #include "batchtune/training/loss_target.h"
 
 namespace batchtune {
@@ -193,13 +194,17 @@ struct TrainSummary {
 /// File name of the checkpoint inside `--checkpoint DIR`.
 constexpr const char* kCheckpointFile = "checkpoint.pt";
 
-/// The training loop: trains `workload` on `train` with `plan` (micro-batches
-/// accumulated into one optimizer step per logical batch, the loss of each
-/// divided by its share of the batch, the LR schedule per optimizer step,
-/// autocast and the loss scaler per `plan.amp`), evaluates on `test` at each
-/// epoch's end (and every `eval_every` steps), stops at `target_accuracy`
-/// when an evaluation reaches it (or at `target_loss`), recovers from out-of-memory by halving the micro-batch (the
-/// logical batch, LR and samples stay the same) and writes checkpoints.
+/// The training loop, one for images and text: trains `workload` with `plan`
+/// on the batches of a `StepSource` — images: `train`'s samples, a logical
+/// batch a step in micro-batches of the plan (the loss of each divided by its
+/// share of the batch); text (`train_by_tokens`): micro-batches by a token
+/// budget, grouped into steps by their real tokens — with the LR schedule per
+/// optimizer step, autocast and the loss scaler per `plan.amp`. It evaluates
+/// on `test` at each epoch's end (and every `eval_every` steps), stops at
+/// `target_accuracy` when an evaluation reaches it or at `target_loss`,
+/// recovers from out-of-memory by training the same step in smaller
+/// micro-batches (the logical batch, LR and samples stay the same), follows
+/// the noise scale with `adapt`, and writes checkpoints.
 ///
 /// Example:
 /// ```
@@ -210,8 +215,16 @@ constexpr const char* kCheckpointFile = "checkpoint.pt";
 /// ```
 class Trainer {
  public:
+  /// Trains on the images (or other samples) of `train`.
   Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Dataset& train,
           const Dataset* test, TrainOptions options);
+  /// Trains on the batches `make_source` makes of the trainer's plan as it
+  /// stands (which the source may change: an out-of-memory, `--adapt`); `test`
+  /// may be null. `train_by_tokens` makes a text run this way.
+  Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Dataset* test,
+          TrainOptions options,
+          const std::function<std::unique_ptr<StepSource>(Plan&, DataParallel&)>& make_source);
+  ~Trainer();
 
   void set_callback(TrainCallback callback) { callback_ = std::move(callback); }
   /// The monitor's hook for device utilization in log events.
@@ -244,9 +257,6 @@ class Trainer {
   /// The plan as it stands (micro-batch and accumulation change on OOM).
   const Plan& plan() const { return plan_; }
   LossScaler& scaler() { return training_step_.scaler(); }
-  /// Optimizer steps in one epoch (the last partial logical batch dropped),
-  /// at the global batch of the plan as it stands.
-  int64_t steps_per_epoch() const;
   /// `--adapt`: the changes so far, the first the start.
   const std::vector<BatchChange>& batch_schedule() const { return schedule_; }
   /// The gradient noise scale as measured so far; data parallelism adds the
@@ -256,7 +266,12 @@ class Trainer {
   TrainingStep& training_step() { return training_step_; }
 
  private:
-  void train_step(const Batch& batch);
+  /// Trains the step fetched from the source: its backward pass (retried in
+  /// smaller micro-batches after an out-of-memory), the ranks' gradients
+  /// averaged, the optimizer step.
+  void train_step();
+  /// True when the steps or epochs asked for are done.
+  bool finished() const;
   /// Waits for queued device work and counts the wait as training time.
   void settle_clock();
   double evaluate();
@@ -284,19 +299,19 @@ class Trainer {
   /// `--adapt`: times the window since the last decision and decides
   /// (rank 0, for all ranks); true when the batch changed.
   bool adapt_batch();
-  /// Trains at `change` from now on (the plan, the step, the cursor).
-  void apply_change(const BatchChange& change);
+  /// Trains at `change` from now on (the plan, the step, the source).
+  void apply_change(BatchChange change);
   /// `--adapt`'s state, as checkpoints keep it (adapt_checkpoint.h).
   AdaptCheckpoint adapt_checkpoint();
-  /// The optimizer steps the run takes in all, at the global batch as it stands.
-  int64_t planned_steps() const;
+  /// The optimizer steps the run takes in all, at the global batch as it
+  /// stands; nullopt where only the end tells (text).
+  std::optional<int64_t> planned_steps() const;
 
   Workload& workload_;
   DeviceMemory& memory_;
   Plan plan_;
   /// The plan as given: the run's identity (a resume must give the same).
   const Plan start_plan_;
-  const Dataset& train_;
   const Dataset* test_;
   TrainOptions options_;
   TrainingStep training_step_;
@@ -305,20 +320,19 @@ class Trainer {
   std::function<void(int64_t)> before_step_;
   DataParallel data_parallel_;
   const Clock* clock_ = &steady_clock();
+  /// What each step trains on (images or text).
+  std::unique_ptr<StepSource> source_;
 
-  // Position: optimizer steps done, the epoch and logical batch within it.
+  // Position: optimizer steps done, the epoch under way.
   int64_t step_ = 0;
   int64_t epoch_ = 0;
-  int64_t batch_in_epoch_ = 0;
-  /// Which samples each step takes, through the global batch's changes.
-  SampleCursor cursor_;
   // --adapt: the policy, the changes, the lr ramp and the window timed.
   std::optional<BatchAdapter> adapter_;
   std::vector<BatchChange> schedule_;
   LrRamp ramp_;
   int64_t samples_ = 0;
   int64_t oom_recoveries_ = 0;
-  int64_t total_steps_ = 0;
+  std::optional<int64_t> total_steps_;
   int64_t resumed_from_step_ = 0;
   bool loaded_ = false;  // the run continues from a checkpoint
   double last_loss_ = 0;
