@@ -406,6 +406,22 @@ TEST(TokenTrainer, ATimeLimitStopsAfterTheStepThatReachesItAndTheRunIsComplete) 
   }
 }
 
+TEST(TokenTrainer, WhatOnlyATestSplitAnswersIsRefusedNamingTheFlag) {
+  // Text has no test split: a target accuracy or an evaluation interval
+  // would never be acted on, so the run refuses them before its first step.
+  TextFolder folder("no_test_split", {16, 64}, 40, 8);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  const std::string accuracy = error_of([&] {
+    setup.run(text, TokenTrainOptions().run(TrainOptions().steps(2).target_accuracy(0.9)));
+  });
+  EXPECT_EQ(accuracy.rfind("--target-accuracy:", 0), 0u) << accuracy;
+  const std::string every = error_of([&] {
+    setup.run(text, TokenTrainOptions().run(TrainOptions().steps(2).eval_every(1)));
+  });
+  EXPECT_EQ(every.rfind("--eval-every:", 0), 0u) << every;
+}
+
 TEST(TokenTrainer, ATextRunReportsEpochEndsAndProgressAsAnImageRunDoes) {
   // One loop for both: a text run ends each epoch with an event, and a
   // progress event comes every interval of training time and at the end.

@@ -7,7 +7,9 @@
 #include "batchtune/common/option.h"
 
 namespace batchtune {
+namespace {
 
+/// The options every run checks, whatever it trains on (see run_options.h).
 void check_run_options(const TrainOptions& options) {
   if (options.epochs() < 0 || options.steps() < 0 ||
       (options.epochs() == 0 && options.steps() == 0)) {
@@ -54,6 +56,8 @@ void check_run_options(const TrainOptions& options) {
                                   options.loss_window()));
   }
 }
+
+}  // namespace
 
 void check_train_options(const TrainOptions& options, bool has_test) {
   check_run_options(options);

@@ -1,8 +1,8 @@
 #pragma once
 
 // The checks of a run's options (`TrainOptions`), made once before its first
-// step: those every run makes, whatever it trains on, and those of the
-// evaluation only the image trainer runs.
+// step, by the one training loop for every run: those whatever it trains
+// on, and those of the evaluation, which a run without a test split refuses.
 
 #include "batchtune/training/trainer.h"
 
@@ -12,12 +12,9 @@ namespace batchtune {
 /// no epoch and no step, a negative log or checkpoint interval, a resume
 /// without a checkpoint, a negative time limit, `--adapt` with the noise
 /// scale off, a target loss that is no positive loss or comes with a target
-/// accuracy, an empty loss window.
-void check_run_options(const TrainOptions& options);
-
-/// `check_run_options`, and those only the image trainer takes: the
-/// evaluation intervals, the target accuracy (a fraction, and a test split
-/// to reach it on, `has_test`).
+/// accuracy, an empty loss window; and for the evaluation's: a negative
+/// interval, both intervals, a target accuracy that is no fraction or has no
+/// test split to be reached on (`has_test`; text has none).
 void check_train_options(const TrainOptions& options, bool has_test);
 
 }  // namespace batchtune

@@ -25,7 +25,6 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
                  const Dataset* test, TrainOptions options)
     : Trainer(workload, memory, std::move(plan), test, std::move(options),
               [&](Plan& p, DataParallel& data_parallel) -> std::unique_ptr<StepSource> {
-                check_train_options(options_, test != nullptr);
                 return std::make_unique<SampleSteps>(train, workload, p, options_,
                                                      data_parallel, memory);
               }) {}
@@ -54,7 +53,9 @@ Trainer::Trainer(Workload& workload, DeviceMemory& memory, Plan plan, const Data
   }
   // As --amp fp16 is refused on the CPU, so is a plan that says fp16 there.
   check_amp_device(plan_.amp, memory.device(), "a plan's \"amp\" (or --amp)");
-  check_run_options(options_);
+  // The evaluation's options too: a run without a test split (text) refuses
+  // a target accuracy.
+  check_train_options(options_, test_ != nullptr);
   source_ = make_source(plan_, data_parallel_);
   if (options_.adapt()) {
     adapter_.emplace(source_->global_batch(), plan_.lr, plan_.lr_scaling, plan_.world_size,

@@ -17,8 +17,13 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
   e.step = step_;
   e.total_steps = total_steps_.value_or(0);
   e.epoch = epoch_;
-  e.epochs = total_steps_ ? source_->epoch_at(std::max<int64_t>(*total_steps_ - 1, 0)) + 1
-                          : options_.epochs();
+  // Epochs the run will touch: as asked, or where its last step falls; 0
+  // where only the end tells (text by steps: a step groups tokens).
+  if (options_.steps() == 0) {
+    e.epochs = options_.epochs();
+  } else if (source_->steps_in(1)) {
+    e.epochs = source_->epoch_at(options_.steps() - 1) + 1;
+  }
   e.lr = scheduled_lr(lr_at(std::max<int64_t>(step_ - 1, 0)), plan_.warmup_steps,
                       std::max<int64_t>(step_ - 1, 0));
   e.micro_batch_size = plan_.micro_batch_size;

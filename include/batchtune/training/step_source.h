@@ -39,7 +39,9 @@ class StepSource {
   virtual std::optional<int64_t> steps_in(int64_t epochs) const = 0;
   /// True when `epochs` epochs are done after `step` optimizer steps.
   virtual bool epochs_done(int64_t step, int64_t epochs) const = 0;
-  /// The epoch (from 0) of the step after `step` steps.
+  /// The epoch (from 0) of the step after `step` steps; where `steps_in`
+  /// cannot tell (text), of the step after those trained so far, whatever
+  /// `step`.
   virtual int64_t epoch_at(int64_t step) const = 0;
   /// Epochs done after `step` steps, with the share of the one under way.
   virtual double epochs_at(int64_t step) const = 0;
