@@ -353,6 +353,12 @@ TEST(Plan, ATokenBudgetAndItsBucketsRoundTripAndAreChecked) {
   ASSERT_EQ(back.length_buckets.size(), 3u);
   EXPECT_EQ(back.length_buckets[1].max_length, 32);
   EXPECT_EQ(to_json(back), json);
+  EXPECT_EQ(json["tokens_per_step"], 0) << "written with the budget, 0: the budget a process";
+  plan.tokens_per_step = 6000;
+  EXPECT_EQ(plan_from_json(nlohmann::json::parse(to_json(plan).dump()), "t").tokens_per_step, 6000);
+  nlohmann::json older = json;  // a plan of a batchtune before tokens_per_step
+  older.erase("tokens_per_step");
+  EXPECT_EQ(plan_from_json(older, "older").tokens_per_step, 0);
 
   auto with = [&](const char* field, const nlohmann::json& value) {
     nlohmann::json j = json;
@@ -363,6 +369,11 @@ TEST(Plan, ATokenBudgetAndItsBucketsRoundTripAndAreChecked) {
   no_buckets.erase("length_buckets");
   EXPECT_NE(plan_file_error(no_buckets).find("'length_buckets': missing"), std::string::npos);
   EXPECT_NE(plan_file_error(with("token_budget", 0)).find("'token_budget'"), std::string::npos);
+  EXPECT_NE(plan_file_error(with("tokens_per_step", -1)).find("'tokens_per_step'"),
+            std::string::npos);
+  nlohmann::json stray = to_json(make_plan(PlanOptions().micro_batch_size(4)));
+  stray["tokens_per_step"] = 100;
+  EXPECT_NE(plan_file_error(stray).find("belongs to a token budget"), std::string::npos);
   EXPECT_NE(plan_file_error(with("length_buckets", 3)).find("'length_buckets'"),
             std::string::npos);
   EXPECT_NE(plan_file_error(with("length_buckets", nlohmann::json::array()))

@@ -29,6 +29,12 @@ TEST(Sweep, GridIsPowersOfTwoAndTheMaximum) {
   EXPECT_EQ(sweep_grid(100), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 100}));
   EXPECT_EQ(sweep_grid(64), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64}));
   EXPECT_EQ(sweep_grid(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(sweep_order(100), (std::vector<int64_t>{100, 1, 2, 4, 8, 16, 32, 64}));
+  // A target of 32: its largest divisors below the largest batch 5 come
+  // next (4, 2, 1), so a plan reaching 32 exactly knows what 4 costs.
+  EXPECT_EQ(sweep_order(5, 32), (std::vector<int64_t>{5, 4, 2, 1}));
+  EXPECT_EQ(sweep_order(100, 96), (std::vector<int64_t>{100, 96, 48, 32, 1, 2, 4, 8, 16, 64}));
+  EXPECT_EQ(sweep_order(1, 32), (std::vector<int64_t>{1}));
 }
 
 TEST(Sweep, ThroughputPicksTheSmallestWithinTolerance) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "batchtune/common/error.h"
+#include "batchtune/data/token_batches.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/reports/tune_report.h"
@@ -252,6 +253,51 @@ TEST(TokenBudget, ARangeSpecTuneMeasuresAtTheLongestLengthAndPlansTheBudget) {
   const std::string page = html_report(r);
   EXPECT_NE(page.find("<th>tokens/s</th>"), std::string::npos);
   EXPECT_NE(page.find("Lengths 16..128: token budget"), std::string::npos);
+}
+
+TEST(TokenBudget, TheLrBelongsToTheSamplesAStepHoldsAtTheDataMeanLength) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 24 * kMiB);
+  Workload ranged(tiny_gpt("int64:16..128"));
+  PlanRequest request;
+  request.base_lr = 1e-3;
+  request.base_batch = 8;
+  request.mean_length = 32.0;
+  const TuneResult r = tune(ranged, *memory,
+                            TuneOptions().amp(AmpMode::kOff).time_budget_s(5).plan(request));
+  ASSERT_TRUE(r.plan.has_value());
+  const Plan& plan = *r.plan;
+  ASSERT_GT(plan.token_budget, 0);
+  EXPECT_EQ(plan.tokens_per_step, plan.token_budget) << "one budget a process by default";
+  // A step of the budget's real tokens holds budget / mean samples, and the
+  // lr (sqrt for Adam) is scaled from batch 8 to about them.
+  const double samples = static_cast<double>(plan.tokens_per_step) / 32.0;
+  EXPECT_NEAR(static_cast<double>(plan.global_batch_size), samples, 0.5 * samples);
+  EXPECT_NEAR(plan.lr, 1e-3 * std::sqrt(static_cast<double>(plan.global_batch_size) / 8), 1e-12);
+  EXPECT_NE(plan.reason(PlanField::kGlobalBatch).find("mean length 32.0"), std::string::npos)
+      << plan.reason(PlanField::kGlobalBatch);
+
+  // A target batch in samples sets the tokens of a step at the mean length.
+  request.target_batch = 10;
+  const TuneResult t = tune(ranged, *memory,
+                            TuneOptions().amp(AmpMode::kOff).time_budget_s(5).plan(request));
+  ASSERT_TRUE(t.plan.has_value());
+  EXPECT_EQ(t.plan->tokens_per_step, 320);
+}
+
+TEST(TokenSteps, StepsTakeWholeRoundsUntilTheirRealTokensReachTheTarget) {
+  const auto batch = [](int64_t tokens) { return TokenBatch{{0}, tokens, tokens}; };
+  // One rank: 60 + 50 reach 100; 30 + 30 + 40; 10 is what is left.
+  EXPECT_EQ(steps_by_tokens({batch(60), batch(50), batch(30), batch(30), batch(40), batch(10)},
+                            100, 1),
+            (std::vector<int64_t>{2, 3, 1}));
+  // Two ranks: the rounds' tokens over both ranks count, the same steps for both.
+  EXPECT_EQ(steps_by_tokens({batch(60), batch(50), batch(30), batch(30), batch(40), batch(10)},
+                            100, 2),
+            (std::vector<int64_t>{1, 2}));
+  EXPECT_THROW(steps_by_tokens({batch(1), batch(2), batch(3)}, 100, 2), Error);
+  EXPECT_THROW(steps_by_tokens({batch(1)}, 0, 1), Error);
+  EXPECT_DOUBLE_EQ(mean_length({16, 32, 48}), 32.0);
+  EXPECT_DOUBLE_EQ(mean_length({}), 0.0);
 }
 
 }  // namespace

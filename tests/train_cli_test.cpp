@@ -387,6 +387,10 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
   const auto tune_json = nlohmann::json::parse(in);
   ASSERT_TRUE(tune_json["plan"].contains("token_budget")) << tune_json.dump();
   EXPECT_EQ(tune_json["plan"]["length_buckets"].size(), 3U);  // 16, 32, 63
+  // The lr belongs to the samples a step of the plan's tokens holds at the data's mean length.
+  EXPECT_EQ(tune_json["plan"]["tokens_per_step"], tune_json["plan"]["token_budget"]);
+  EXPECT_NE(tune_json["plan"].dump().find("the data's mean length 39."), std::string::npos)
+      << tune_json["plan"].dump();
   const auto checked = run_cli("plan --plan " + plan);
   EXPECT_NE(checked.output.find("token budget:"), std::string::npos) << checked.output;
   const auto trained = run_cli("train --plan " + plan + gpt + " --json -");
@@ -422,6 +426,7 @@ TEST(TrainCli, ARangeTunePlansATokenBudgetThatTrainByTextRunsWithoutOutOfMemory)
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   EXPECT_EQ(occurrences(saved.output, "checkpoint " + ckpt + "/checkpoint.pt"), 3U)
       << saved.output;
+  EXPECT_EQ(occurrences(saved.output, "plan: token budget"), 1U) << "the quick tune's, once";
   const auto resumed = run_cli("train" + gpt + " --steps 6 --checkpoint " + ckpt +
                                " --resume --json -");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;

@@ -53,6 +53,6 @@ int interrupted_during_tune(std::ostream& out, const std::string& json);
 /// `--data text:DIR`: byte tokens by the plan's token budget (or, with
 /// `--batch-size`, fixed batches padded to the longest sequence).
 int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
-                   const PlanRequest& request);
+                   PlanRequest request);
 
 }  // namespace batchtune::cli

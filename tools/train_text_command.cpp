@@ -9,6 +9,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/data/text.h"
+#include "batchtune/data/token_batches.h"
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/reports/train_reporter.h"
 #include "batchtune/reports/tune_report.h"
@@ -27,7 +28,7 @@ constexpr const char* kTextDefaultInput = "int64:16..512";
 }  // namespace
 
 int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags workload_flags,
-                   const PlanRequest& request) {
+                   PlanRequest request) {
   // Launched by torchrun, each rank would train the whole run on its own
   // (and write the same checkpoint and summary): refused until text runs
   // are data parallel.
@@ -66,6 +67,8 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   }
   std::ostream& out = flags.json == "-" ? std::cerr : std::cout;
   const TextDataset text(dir, *range);
+  // A token plan's lr belongs to the samples a step holds on average.
+  request.mean_length = mean_length(text.lengths());
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   out << fmt::format("{} on {}, {} thread(s); data: {}\n", resolved.workload->model().describe(),
                      resolved.memory->device().str(), resolved.threads, text.describe());
@@ -76,7 +79,8 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
   if (flags.resume && !fixed && request.plan_file.empty()) {
     saved = read_checkpoint_plan(flags.checkpoint);
   }
-  if (!fixed && request.plan_file.empty() && !saved) {
+  const bool quick_tune = !fixed && request.plan_file.empty() && !saved;
+  if (quick_tune) {
     out << "no --batch-size or --plan: a quick tune plans the token budget\n" << std::flush;
   }
   ConsoleTuneReporter console(out, ::isatty(STDERR_FILENO) != 0 ? &std::cerr : nullptr);
@@ -97,7 +101,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
                        "written with)\n",
                        flags.checkpoint);
   }
-  print_plan(out, plan);
+  if (!quick_tune) print_plan(out, plan);  // the quick tune's console printed its own
   if (!fixed && plan.token_budget < 1) {
     throw Error("--plan: this plan has no token_budget; make one with batchtune tune --input "
                 "int64:MIN..MAX, or give --batch-size for fixed batches");

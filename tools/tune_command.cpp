@@ -19,6 +19,7 @@
 #include "batchtune/tuning/tune.h"
 #include "commands.h"
 #include "batchtune/data/text.h"
+#include "batchtune/data/token_batches.h"
 #include "data_flags.h"
 #include "distributed_flags.h"
 #include "plan_flags.h"
@@ -95,7 +96,29 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
   check_file_roles(files);
   check_output_file(flags.json, "--json");
   check_output_file(flags.report, "--report");
-  const PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
+  PlanRequest request = plan_request(flags.plan, cmd, flags.workload.lr);
+  WorkloadFlags workload_flags = flags.workload;
+  // Text: the token budget is planned over the data's own lengths (the
+  // paragraphs of 16 to 512 tokens that `train --data text:DIR` reads)
+  // unless --input gives a range; the trials stay synthetic.
+  const bool text = flags.data.data.rfind("text:", 0) == 0;
+  std::string text_note;
+  std::optional<TextDataset> text_data;
+  if (text) {
+    check_text_inputs(flags.data, workload_flags);
+    text_data.emplace(flags.data.data.substr(5), LengthRange{16, 512});
+    // The lr of a token plan belongs to the samples a step holds on average.
+    request.mean_length = mean_length(text_data->lengths());
+    if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
+    if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
+      const LengthRange lengths = text_data->length_range();
+      workload_flags.inputs = {lengths.min < lengths.max
+                                   ? fmt::format("int64:{}..{}", lengths.min, lengths.max)
+                                   : fmt::format("int64:{}", lengths.max)};
+      text_note = fmt::format("data: {}; lengths from the data: --input {}", text_data->describe(),
+                              workload_flags.inputs.front());
+    }
+  }
   const Objective objective = tune_objective(flags, request);
   if (cmd.count("--eta") > 0 && objective != Objective::kEnergy) {
     throw Error("--eta: weighs the energy objective; add --objective energy");
@@ -126,26 +149,7 @@ int run_tune(const TuneFlags& flags, const CLI::App& cmd) {
     if (interrupt_requested()) return interrupt_name();
     return std::nullopt;
   });
-  WorkloadFlags workload_flags = flags.workload;
   const RankEnvironment env = place_rank(flags.distributed, workload_flags);
-  // Text: the token budget is planned over the data's own lengths (the
-  // paragraphs of 16 to 512 tokens that `train --data text:DIR` reads)
-  // unless --input gives a range; the trials stay synthetic.
-  const bool text = flags.data.data.rfind("text:", 0) == 0;
-  std::string text_note;
-  if (text) {
-    check_text_inputs(flags.data, workload_flags);
-    if (cmd.count("--model") == 0 && workload_flags.model == "convnet") workload_flags.model = "gpt";
-    if (workload_flags.inputs.empty() && workload_flags.input_spec.empty()) {
-      const TextDataset data(flags.data.data.substr(5), {16, 512});
-      const LengthRange lengths = data.length_range();
-      workload_flags.inputs = {lengths.min < lengths.max
-                                   ? fmt::format("int64:{}..{}", lengths.min, lengths.max)
-                                   : fmt::format("int64:{}", lengths.max)};
-      text_note = fmt::format("data: {}; lengths from the data: --input {}", data.describe(),
-                              workload_flags.inputs.front());
-    }
-  }
   const DataSplits data = text ? DataSplits{} : open_data(flags.data, workload_flags);
   ResolvedWorkload resolved = resolve_workload(workload_flags);
   // Data parallel: every rank probes its own device; rank 0 alone prints.

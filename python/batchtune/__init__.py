@@ -37,6 +37,7 @@ from ._results import ProbeResult, SweepRow, TuneResult
 from ._tune import env, probe, tune
 from .plan import Plan
 from ._adapt import AdaptiveBatchSampler
+from .token_sampler import PadCollate, TokenBudgetSampler, pad_collate
 from .trainer import Trainer
 
 __version__ = "0.1.0"
@@ -59,10 +60,13 @@ __all__ = [
     "ProbeResult",
     "SweepRow",
     "AdaptiveBatchSampler",
+    "PadCollate",
+    "TokenBudgetSampler",
     "Trainer",
     "TuneResult",
     "emulated_memory",
     "env",
+    "pad_collate",
     "probe",
     "tune",
 ]

@@ -45,7 +45,9 @@ def _collective_device(group: Optional[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def all_min(value: int, group: Optional[Any] = None) -> int:
+def _all_reduce(value: Any, op: str, dtype: torch.dtype, group: Optional[Any]) -> Any:
+    """`value` reduced over the ranks by `op` ("MIN", "SUM") as one tensor of
+    `dtype`, outside an emulated device's budget."""
     import torch.distributed as dist
 
     if not active(group):
@@ -53,9 +55,18 @@ def all_min(value: int, group: Optional[Any] = None) -> int:
     from . import _core
 
     with _core.uncounted():
-        t = torch.tensor([value], dtype=torch.int64, device=_collective_device(group))
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
-        return int(t.item())
+        t = torch.tensor([value], dtype=dtype, device=_collective_device(group))
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
+        return t.item()
+
+
+def all_min(value: int, group: Optional[Any] = None) -> int:
+    return int(_all_reduce(value, "MIN", torch.int64, group))
+
+
+def all_sum(value: float, group: Optional[Any] = None) -> float:
+    """`value` summed over the ranks (float64: counts exact up to 2**53)."""
+    return float(_all_reduce(value, "SUM", torch.float64, group))
 
 
 def any_rank(flag: bool, group: Optional[Any] = None) -> bool:

@@ -47,12 +47,22 @@ def apply_plan(trainer: "pl.Trainer", pl_module: "pl.LightningModule", plan: Pla
     precision), the lr in every parameter group (their ratios kept, a linear
     warm-up as a step-wise LambdaLR) unless `scale_lr` is False or
     `configure_optimizers` returned a scheduler; says what it set and why,
-    and logs the plan as hyperparameters."""
+    and logs the plan as hyperparameters. A plan with a token budget trains
+    one micro-batch a rank a step (accumulate_grad_batches 1)."""
     said = []
     lightning_setattr(pl_module, batch_arg_name, plan.micro_batch_size)
-    trainer.accumulate_grad_batches = plan.accumulation_steps
-    said.append(f"{batch_arg_name} {plan.micro_batch_size}, accumulate_grad_batches "
-                f"{plan.accumulation_steps}, global batch {plan.global_batch_size}")
+    if plan.token_budget > 0:
+        # One micro-batch of the budget a rank a step: Lightning divides each
+        # accumulated loss by the count alike, which micro-batches of
+        # different token counts must not be.
+        trainer.accumulate_grad_batches = 1
+        said.append(f"micro-batches of at most {plan.token_budget} padded tokens "
+                    f"(TokenBudgetSampler), one a rank a step: accumulate_grad_batches 1, "
+                    f"about {plan.tokens_per_step} tokens a step")
+    else:
+        trainer.accumulate_grad_batches = plan.accumulation_steps
+        said.append(f"{batch_arg_name} {plan.micro_batch_size}, accumulate_grad_batches "
+                    f"{plan.accumulation_steps}, global batch {plan.global_batch_size}")
     _apply_precision(trainer, plan, said)
     _apply_lr(trainer, plan, scale_lr, said)
     # The loaders are made (again) with the new batch size.
@@ -70,12 +80,15 @@ def apply_plan(trainer: "pl.Trainer", pl_module: "pl.LightningModule", plan: Pla
         rank_zero_info(f"batchtune: report {report}")
     if trainer.logger is not None and not resumed:
         try:
-            trainer.logger.log_hyperparams({
+            params = {
                 "batchtune/micro_batch_size": plan.micro_batch_size,
                 "batchtune/accumulation_steps": plan.accumulation_steps,
                 "batchtune/global_batch_size": plan.global_batch_size,
                 "batchtune/lr": plan.lr, "batchtune/warmup_steps": plan.warmup_steps,
-                "batchtune/amp": plan.amp})
+                "batchtune/amp": plan.amp}
+            if plan.token_budget > 0:
+                params["batchtune/token_budget"] = plan.token_budget
+            trainer.logger.log_hyperparams(params)
         except Exception as e:  # noqa: BLE001 - a logger's refusal must not stop the fit
             log.warning("batchtune: the logger did not take the plan (%s)", e)
 

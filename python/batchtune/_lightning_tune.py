@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from . import _core
 from ._lightning_plan import trainer_amp
+from ._lightning_tokens import LongestCut, train_collate
 from ._samples import HeaviestFirst
 from ._results import TuneResult
 from ._tune import tune
@@ -76,7 +77,8 @@ def tune_module(trainer: "pl.Trainer", pl_module: "pl.LightningModule", settings
                 group: Any) -> TuneResult:
     """Tunes `pl_module`'s own `training_step` with the Trainer's optimizer
     as `settings` (the `BatchTune` callback) asks: on batches of the train
-    dataloader's data set, heaviest first (or `settings.make_batch`), with
+    dataloader's data set, heaviest first (by lengths: the longest samples
+    cut to each length the tune asks), or `settings.make_batch`, with
     `self.log` doing nothing, measuring this rank's device alone (`group`)
     and planning for the whole job."""
     optimizers = trainer.optimizers
@@ -93,6 +95,8 @@ def tune_module(trainer: "pl.Trainer", pl_module: "pl.LightningModule", settings
     world = trainer.world_size
     rank = trainer.global_rank
     device = pl_module.device
+    # Sequences of varying length: every sample's, resolved by the callback.
+    lengths = getattr(settings, "sample_lengths", None)
     make_batch = settings.make_batch
     if make_batch is None:
         loader = train_loader(trainer, pl_module)
@@ -102,8 +106,11 @@ def tune_module(trainer: "pl.Trainer", pl_module: "pl.LightningModule", settings
             batch = pl_module.transfer_batch_to_device(batch, device, 0)
             return pl_module.on_after_batch_transfer(batch, 0)
 
-        make_batch = HeaviestFirst(loader.dataset, loader.collate_fn, convert=transfer,
-                                   what="train_dataloader()'s data set")
+        if lengths is not None:
+            make_batch = LongestCut(loader.dataset, lengths, train_collate(loader), convert=transfer)
+        else:
+            make_batch = HeaviestFirst(loader.dataset, loader.collate_fn, convert=transfer,
+                                       what="train_dataloader()'s data set")
     loss_fn = settings.loss_fn
     if loss_fn is None:
         takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
@@ -113,6 +120,8 @@ def tune_module(trainer: "pl.Trainer", pl_module: "pl.LightningModule", settings
             return loss_of(out)
 
     kwargs = dict(settings.tune_kwargs)
+    if lengths is not None:
+        kwargs["lengths"] = lengths
     size = getattr(make_batch, "size", None)
     if size is not None:
         # A batch larger than this rank's share of the data never occurs.
@@ -131,7 +140,8 @@ def tune_module(trainer: "pl.Trainer", pl_module: "pl.LightningModule", settings
         sources["base_lr"] = "the optimizer's lr"
     rank_zero_info(f"batchtune: tuning {type(pl_module).__name__}.training_step with "
                    f"{type(optimizer).__name__} on {device} ({world} rank(s)), batches from "
-                   f"train_dataloader() heaviest first")
+                   f"train_dataloader() " + ("by length, the longest samples cut to each"
+                                             if lengths is not None else "heaviest first"))
     # The tune plans for the whole job (the target batch over `world`
     # ranks), measuring this rank's device alone (its own group).
     with trial_mode(pl_module):

@@ -117,6 +117,12 @@ class TuneResult:
     """The largest forward-only (evaluation) batch that fits, from a search
     of `loss_fn` under `torch.no_grad()` with the model in eval mode; 0 when
     it did not run (`sweep=False`). The plan's `eval_micro_batch_size`."""
+    memory_model: Optional[Dict[str, Any]] = None
+    """With `lengths`: the fit of peak memory against batch × length,
+    peak ≈ fixed_bytes + per_token_bytes × (batch × length) +
+    per_token_length_bytes × (batch × length²), with `fit_error` (the
+    largest relative error over the trials fitted); the length phase's
+    trials and checks are in `to_dict()["tokens"]`. None without lengths."""
     _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
     def speed_profile(self) -> Dict[int, Tuple[float, float, float]]:

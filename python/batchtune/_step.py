@@ -3,6 +3,7 @@ and loss under autocast, backward (scaled for fp16), optimizer step."""
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
@@ -159,3 +160,17 @@ class TrainStep:
         loss = self.backward(batch)
         self.optimizer_step()
         return loss
+
+
+def loss_item_count(count: Any) -> Any:
+    """What `loss_items(batch)` returned, checked: a count, as a 0-dim tensor
+    (left on its device) or a float. Raises `TypeError` naming loss_items."""
+    if isinstance(count, torch.Tensor):
+        if count.numel() != 1:
+            raise TypeError("loss_items: must return a count (an int or a 0-dim tensor), got a "
+                            f"tensor of shape {tuple(count.shape)}")
+        return count.reshape(())
+    if isinstance(count, bool) or not isinstance(count, numbers.Real):
+        raise TypeError(f"loss_items: must return a count (an int or a 0-dim tensor), got "
+                        f"{type(count).__name__}")
+    return float(count)

@@ -14,7 +14,7 @@ from . import _core
 from ._snapshot import TrainingSnapshot
 from ._step import LossFn, TrainStep, check_batch, to_device
 
-MakeBatch = Callable[[int], Any]
+MakeBatch = Callable[..., Any]
 
 
 class Subject(_core.TrialSubject):
@@ -22,8 +22,12 @@ class Subject(_core.TrialSubject):
     through the same `TrainStep` the `Trainer` uses."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
-                 make_batch: MakeBatch, device: torch.device, amp: str = "off"):
+                 make_batch: MakeBatch, device: torch.device, amp: str = "off",
+                 longest: int = 0):
         _core.TrialSubject.__init__(self)
+        # Sequences: make_batch(n, length), by default at the longest length.
+        self.longest = longest
+        self.length = 0
         self.model = model
         self.optimizer = optimizer
         self.make_batch = make_batch
@@ -48,10 +52,20 @@ class Subject(_core.TrialSubject):
     def prepare(self, batch_size: int) -> None:
         self.batch = None
         n = int(batch_size)
-        batch = self.make_batch(n)
+        batch = self.make_batch(n, self.sequence_length()) if self.longest else self.make_batch(n)
         # A batch of another size would be measured as n samples.
         check_batch(batch, n)
         self.batch = to_device(batch, self.device)
+
+    def set_sequence_length(self, length: int) -> None:
+        if length and not self.longest:
+            raise _core.Error("lengths: a trial at a sequence length needs tune(..., lengths=...)")
+        self.length = int(length)
+
+    def sequence_length(self) -> int:
+        """Tokens per sample of the next batches: the length asked for, else
+        the longest (0 without lengths)."""
+        return self.length or self.longest
 
     def step(self) -> torch.Tensor:
         if not self.forward_only:

@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import torch
 
 from . import _checks, _core, _distributed
+from ._lengths import parse_lengths
 from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
 from ._results import ProbeResult, SweepRow, TuneResult
 from ._step import LossFn, check_amp_device
@@ -198,7 +199,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          sweep: bool = True, base_lr: Optional[float] = None, base_batch: Optional[int] = None,
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
          multiple_of: Optional[int] = None, world_size: Optional[int] = None,
-         group: Optional[Any] = None, verbose: bool = False,
+         group: Optional[Any] = None, verbose: bool = False, lengths: Any = None,
          _sources: Optional[Dict[str, str]] = None) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
@@ -246,6 +247,16 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             initialised): the minimum over ranks, one plan to every rank.
         verbose: print `batchtune tune`'s console output (phases, tables,
             plan) to stderr.
+        lengths: sequences of varying length — the dataset's lengths (a list
+            of ints, one a sample) or a `(shortest, longest)` tuple. Then
+            `make_batch(n, length)` makes `n` samples of `length` tokens; the
+            search runs at the longest, the length phase fits peak memory
+            against batch × length (`result.memory_model`), and the plan
+            gets a `token_budget` (padded tokens per micro-batch, fitting at
+            every length), `length_buckets` and `tokens_per_step`, its lr
+            scaled to the samples such a step holds at the data's mean
+            length. Train it with `TokenBudgetSampler` and
+            `Trainer(..., loss_items=...)`.
 
     Ctrl-C ends it with what was measured (`complete` False), leaving no trace.
     One tune or probe runs at a time in a process: one called from another
@@ -276,6 +287,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if base_lr is not None:
         base_lr = _checks.number("base_lr", base_lr, "positive")
     report = _checks.output_path("report", report)
+    seqs = parse_lengths(lengths) if lengths is not None else None
     dev = resolve_device(device, model)
     check_amp_device(amp, dev)
     # Where the values the caller left out came from, for the reasons
@@ -294,7 +306,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         search_tolerance=search_tolerance, time_budget_s=float(time_budget), objective=objective,
         tolerance=tolerance, target_batch=target_batch, base_lr=lr, base_batch=base_batch,
         lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
-        multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources).resolve()
+        multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources,
+        mean_length=seqs.mean if seqs is not None else None).resolve()
     communicator = _distributed.communicator(group)
     started = time.perf_counter()
     written = None
@@ -304,13 +317,16 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         subjects = []
 
         def make_runner(amp_mode: str) -> "_core.TrialRunner":
-            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode)
+            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode,
+                              longest=seqs.longest if seqs is not None else 0)
             subjects.append(subject)
             return Runner(subject, memory, margin)._cpp
 
         try:
             core = _core.tune(make_runner, memory, options, communicator=communicator,
-                              verbose=verbose, report=report or "")
+                              verbose=verbose, report=report or "",
+                              lengths=(seqs.shortest, seqs.longest) if seqs is not None else None,
+                              gradient_bytes=_gradient_bytes(model) if seqs is not None else 0)
         finally:
             for subject in subjects:
                 subject.batch = None
@@ -332,4 +348,11 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         sweep=[SweepRow._from_core(r) for r in list(core.sweep)], complete=core.complete,
         reason=core.selection.reason, diagnosis=core.diagnosis.text,
         seconds=time.perf_counter() - started, report=written,
-        eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0, _json=document)
+        eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0,
+        memory_model=document.get("tokens", {}).get("model"), _json=document)
+
+
+def _gradient_bytes(model: torch.nn.Module) -> int:
+    """What the gradients hold while micro-batches accumulate: one copy of
+    the trained parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

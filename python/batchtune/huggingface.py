@@ -27,23 +27,38 @@ global batch counted over all processes. Without a launcher on a machine of
 several GPUs (the Trainer's `DataParallel`, `n_gpu` > 1) the micro-batch is
 tuned on the first GPU and the global batch counts every GPU.
 
+Sequences of varying length: `lengths="auto"` (or the samples' lengths)
+tunes by them (`batchtune.tune(..., lengths=...)`, on random token ids of
+the model's vocabulary) and plans a token budget; `TokenBudgetTrainer`
+trains by it, each micro-batch at most the budget's padded tokens::
+
+    args, result = tune_training_args(model, args, train_dataset, lengths="auto",
+                                      memory_limit="256MiB", return_result=True)
+    TokenBudgetTrainer(model=model, args=args, train_dataset=train_dataset,
+                       plan=result.plan).train()
+
 Needs transformers (`pip install transformers`); `import batchtune` does not.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
+import numbers
 import sys
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from . import _core
 from ._fit import missing
+from ._lengths import dataset_lengths, parse_lengths, sample_length, sequence_length
 from ._samples import HeaviestFirst
 from ._results import TuneResult
 from ._tune import tune
+from .plan import Plan
+from .token_sampler import PadCollate, TokenBudgetSampler
 
 try:
     import transformers
@@ -115,6 +130,128 @@ def replicas(args: "transformers.TrainingArguments") -> int:
     return int(args.world_size) * max(1, int(getattr(args, "n_gpu", 1) or 0))
 
 
+# -- sequences of varying length ---------------------------------------------
+
+def _resolve_lengths(lengths: Any, dataset: Any) -> Any:
+    """`lengths` as `tune` takes it: "auto" read from the data set."""
+    if isinstance(lengths, str):
+        if lengths != "auto":
+            raise _core.Error(f"lengths: '{lengths}' is not \"auto\"; give \"auto\" (the train_dataset's "
+                              "input_ids), the samples' lengths (a list of ints) or a (shortest, "
+                              "longest) tuple")
+        return dataset_lengths(dataset)
+    return lengths
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(size, numbers.Integral) and hasattr(model, "get_input_embeddings"):
+        embeddings = model.get_input_embeddings()
+        size = getattr(embeddings, "num_embeddings", None)
+    if not isinstance(size, numbers.Integral) or size < 1:
+        raise _core.Error(f"model: lengths= tunes on random token ids of the model's vocabulary, and "
+                          f"{type(model).__name__} has no config.vocab_size or input embeddings; tune "
+                          "without lengths (on padded batches of your data set)")
+    return int(size)
+
+
+def _check_positions(model: torch.nn.Module, longest: int) -> None:
+    """A sample longer than the model's positions would fail inside the
+    first trial: said here, with the fix."""
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, numbers.Integral) and 0 < positions < longest:
+        raise _core.Error(f"lengths: the longest sample has {longest} tokens, more than the model's "
+                          f"max_position_embeddings ({positions}); cut the samples to {positions} "
+                          "tokens (tokenizer(..., truncation=True, max_length=...))")
+
+
+class RandomTokens:
+    """`make_batch(n, length)` for `tune(..., lengths=...)`: n sequences of
+    `length` random token ids of the model's vocabulary, shaped as the data
+    set's samples are: `labels` the ids (added when the samples have none,
+    as a language-model collator adds them), `attention_mask` ones, any
+    other per-token field zeros, a per-sample field (a class label)
+    repeated. Its own generator: the training's random state is not
+    touched."""
+
+    def __init__(self, vocab: int, sample: Any, convert: Callable[[Any], Any]):
+        length = sample_length(sample)
+        if length is None:
+            raise _core.Error("train_dataset: lengths= tunes on token ids, and its samples have no "
+                              "`input_ids`; tokenize them first, or tune without lengths")
+        self.vocab = vocab
+        self.convert = convert
+        self.per_token: List[str] = []
+        self.per_sample: Dict[str, torch.Tensor] = {}
+        for key in sample.keys():
+            value = sample[key]
+            if key == "input_ids":
+                continue
+            if sequence_length(value) == length:
+                self.per_token.append(key)
+            elif isinstance(value, numbers.Number) or (isinstance(value, torch.Tensor) and value.dim() == 0):
+                self.per_sample[key] = torch.as_tensor(value)
+            else:
+                raise _core.Error(f"train_dataset: lengths= tunes on token ids, and the samples' "
+                                  f"'{key}' is neither one value a token nor one a sample; tune "
+                                  "without lengths (on padded batches of your data set)")
+        if "labels" not in self.per_token and "labels" not in self.per_sample:
+            self.per_token.append("labels")
+
+    def __call__(self, n: int, length: int) -> Any:
+        generator = torch.Generator().manual_seed(n * 100003 + length)
+        ids = torch.randint(0, self.vocab, (n, length), generator=generator)
+        batch: Dict[str, torch.Tensor] = {"input_ids": ids}
+        for key in self.per_token:
+            batch[key] = ids.clone() if key == "labels" else \
+                torch.ones_like(ids) if key == "attention_mask" else torch.zeros_like(ids)
+        for key, value in self.per_sample.items():
+            batch[key] = value.expand(n).clone()
+        return self.convert(batch)
+
+
+def _first_sample(dataset: Any) -> Any:
+    with _core.uncounted():
+        if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") and \
+                not isinstance(dataset, torch.utils.data.IterableDataset):
+            if len(dataset) == 0:
+                raise _core.Error("train_dataset: is empty; batchtune tunes on its samples")
+            return dataset[0]
+        for sample in dataset:
+            return sample
+    raise _core.Error("train_dataset: yields no samples; batchtune tunes on its samples")
+
+
+class _RaggedCheck:
+    """The collator of the trials' batches, saying so in one line when it
+    cannot stack samples of different lengths (the default collator on
+    ragged token data), with the fix."""
+
+    def __init__(self, collator: Callable, data: Callable[[], Tuple[Any, Any]]):
+        self.collator = collator
+        self.data = data  # the heaviest and the lightest sample, for the range
+
+    def __call__(self, samples: List[Any]) -> Any:
+        try:
+            return self.collator(samples)
+        except (ValueError, RuntimeError, TypeError) as e:
+            if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e):
+                raise  # a trial's out-of-memory: the runner's to count
+            lengths = {sample_length(s) for s in list(samples) + list(self.data())} - {None}
+            if len(lengths) < 2:
+                raise
+            inner = getattr(self.collator, "data_collator", self.collator)
+            name = getattr(inner, "__name__", type(inner).__name__)
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise _core.Error(
+                f"data_collator: the samples have different lengths ({min(lengths)} to "
+                f"{max(lengths)} tokens) and {name} cannot stack them ({type(e).__name__}: {cause}); "
+                "pass data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False) or "
+                "batchtune.pad_collate, and lengths=\"auto\" to tune by their lengths") from None
+
+
+# -- the helper --------------------------------------------------------------
+
 def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.Module],
                        args: Optional["transformers.TrainingArguments"] = None,
                        train_dataset: Any = None, *,
@@ -122,7 +259,7 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
                        target_batch: Optional[int] = None, objective: str = "throughput",
                        amp: str = "auto", memory_limit=None, margin: float = _core.DEFAULT_MARGIN,
                        time_budget: float = _core.DEFAULT_TIME_BUDGET, report: Optional[str] = None,
-                       return_result: bool = False, quiet: bool = False,
+                       return_result: bool = False, quiet: bool = False, lengths: Any = None,
                        **tune_kwargs: Any) -> Union["transformers.TrainingArguments",
                                                     Tuple["transformers.TrainingArguments", TuneResult]]:
     """Tunes the Trainer's training step and returns the `TrainingArguments`
@@ -136,12 +273,25 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         train_dataset: map-style or iterable samples (default: the Trainer's);
             batches are `data_collator` (default: the Trainer's, else
             `transformers.default_data_collator`) of its heaviest samples.
+            Samples of different lengths need a collator that pads them
+            (else `batchtune.Error` naming `data_collator`).
         target_batch: the global batch over all processes; default the one
             `args` configure (per-device × accumulation × processes), kept.
+            With `lengths`: samples a step at the data's mean length; default
+            one token budget a process.
         objective, amp, memory_limit, margin, time_budget, report: as
             `batchtune.tune` (`memory_limit`: the CPU's emulated device).
         return_result: also return the `TuneResult` (with the plan).
         quiet: no summary on stderr.
+        lengths: sequences of varying length: "auto" (every sample's
+            `input_ids` length, read from `train_dataset`), the samples'
+            lengths (a list of ints) or a `(shortest, longest)` tuple. The
+            trials then run on random token ids of the model's vocabulary
+            at each length the tune asks (`batchtune.tune(..., lengths=...)`),
+            and the plan (`return_result=True`: `result.plan`) has a
+            `token_budget`: train with `TokenBudgetTrainer(plan=result.plan)`.
+            The returned arguments also suit a plain Trainer at fixed
+            micro-batches (the plan's, padded to at most the longest).
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `sweep`,
             `lr_scaling`, `warmup_steps`, ...).
 
@@ -177,33 +327,17 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         if reserved in tune_kwargs:
             raise _core.Error(f"{reserved}: tune_training_args takes it from the TrainingArguments; "
                               "leave it out")
+    lengths = _resolve_lengths(lengths, train_dataset) if lengths is not None else None
+    if lengths is not None:
+        _check_positions(model, parse_lengths(lengths).longest)
     device = torch.device(args.device)  # under a launcher this initialises the process group
     world = replicas(args)
     configured = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
-    target = target_batch or configured
+    # By lengths the step is counted in tokens: one budget a process unless asked.
+    target = target_batch if lengths is not None else (target_batch or configured)
 
-    if trainer is not None and args.remove_unused_columns:
-        # As the Trainer's own loader does.
-        remove = getattr(trainer, "_remove_unused_columns", None)
-        try:
-            import datasets  # noqa: F401
-
-            is_hf_dataset = isinstance(train_dataset, datasets.Dataset)
-        except ImportError:
-            is_hf_dataset = False
-        if is_hf_dataset and remove is not None:
-            train_dataset = remove(train_dataset, description="training")
-        elif hasattr(trainer, "_get_collator_with_removed_columns"):
-            data_collator = trainer._get_collator_with_removed_columns(data_collator, "training")
-    keep = _model_inputs(model) if args.remove_unused_columns else None
-
-    def convert(batch):
-        batch = dict(batch)  # a BatchEncoding is a UserDict
-        return {k: v for k, v in batch.items() if keep is None or k in keep}
-
-    make_batch = HeaviestFirst(train_dataset, data_collator, convert=convert,
-                               what="train_dataset")
-
+    make_batch, kwargs = _trial_batches(trainer, model, args, train_dataset, data_collator, lengths,
+                                        world, dict(tune_kwargs))
     if trainer is not None:
         def loss_fn(m, batch):
             # A copy: compute_loss may pop the labels, and a trial steps its batch more than once.
@@ -212,9 +346,8 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         def loss_fn(m, batch):
             return _output_loss(m(**batch))
 
-    kwargs = dict(tune_kwargs)
-    if make_batch.size is not None:
-        kwargs["max_batch"] = min(kwargs.get("max_batch", _core.DEFAULT_MAX_BATCH), max(1, make_batch.size // world))
+    if lengths is not None:
+        kwargs["lengths"] = lengths
     # The base lr is the TrainingArguments', not a base_lr the caller gave.
     sources = {"base_lr": "the TrainingArguments' learning_rate"}
     # The tune plans for the whole job: the target batch over `world`
@@ -235,23 +368,246 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         reason = result.diagnosis or (result.trials[0].error if result.trials else "")
         raise _core.Error(f"memory_limit: not even batch 1 of {type(model).__name__} fits ({reason}); "
                           "give more memory or a smaller model")
-    plan = result.plan
+    tuned = _tuned_args(args, result.plan)
+    if not quiet and args.process_index == 0:
+        _say(tuned, result.plan, world)
+    return (tuned, result) if return_result else tuned
 
+
+def _trial_batches(trainer, model: torch.nn.Module, args, train_dataset: Any,
+                   data_collator: Callable, lengths: Any, world: int,
+                   kwargs: Dict[str, Any]) -> Tuple[Callable, Dict[str, Any]]:
+    """The trials' `make_batch` and the tune options it bounds: by lengths,
+    random token ids of the model's vocabulary shaped as the samples; else
+    the heaviest samples collated as the Trainer's loader collates them,
+    the batch at most this process's share of the data."""
+    if trainer is not None and args.remove_unused_columns:
+        # As the Trainer's own loader does.
+        remove = getattr(trainer, "_remove_unused_columns", None)
+        try:
+            import datasets  # noqa: F401
+
+            is_hf_dataset = isinstance(train_dataset, datasets.Dataset)
+        except ImportError:
+            is_hf_dataset = False
+        if is_hf_dataset and remove is not None:
+            train_dataset = remove(train_dataset, description="training")
+        elif hasattr(trainer, "_get_collator_with_removed_columns"):
+            data_collator = trainer._get_collator_with_removed_columns(data_collator, "training")
+    keep = _model_inputs(model) if args.remove_unused_columns else None
+
+    def convert(batch):
+        batch = dict(batch)  # a BatchEncoding is a UserDict
+        return {k: v for k, v in batch.items() if keep is None or k in keep}
+
+    if lengths is not None:
+        return RandomTokens(_vocab_size(model), _first_sample(train_dataset), convert), kwargs
+    heaviest: Dict[str, Any] = {}
+
+    def extremes():
+        if not heaviest:  # the data set's longest and shortest, for the message
+            with _core.uncounted():
+                heaviest["pair"] = (make_batch._sample(make_batch.order[0]),
+                                    make_batch._sample(make_batch.order[-1]))
+        return heaviest["pair"]
+
+    make_batch = HeaviestFirst(train_dataset, _RaggedCheck(data_collator, extremes),
+                               convert=convert, what="train_dataset")
+    if make_batch.size is not None:
+        kwargs["max_batch"] = min(kwargs.get("max_batch", _core.DEFAULT_MAX_BATCH),
+                                  max(1, make_batch.size // world))
+    return make_batch, kwargs
+
+
+def _tuned_args(args, plan: Plan):
+    """A copy of `args` with the plan: micro-batch, accumulation, lr, its
+    warm-up (unless `args` already warm up longer), precision, eval batch."""
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,
                    learning_rate=plan.lr, bf16=plan.amp == "bf16", fp16=plan.amp == "fp16")
     if plan.eval_micro_batch_size > 0:
         changes["per_device_eval_batch_size"] = plan.eval_micro_batch_size
-    # The plan's warm-up when it raised the lr, unless args already warm up longer.
     if plan.warmup_steps > 0 and not (args.warmup_steps >= 1 and args.warmup_steps >= plan.warmup_steps):
         changes["warmup_steps"] = plan.warmup_steps
-    tuned = dataclasses.replace(args, **changes)
-    if not quiet and args.process_index == 0:
-        print(f"batchtune: per_device_train_batch_size {plan.micro_batch_size} x "
-              f"gradient_accumulation_steps {plan.accumulation_steps} x {world} device(s) = "
-              f"global batch {plan.global_batch_size}; learning_rate {plan.lr:.6g}, "
-              f"warmup_steps {tuned.warmup_steps}, {'bf16' if tuned.bf16 else 'fp16' if tuned.fp16 else 'fp32'}",
-              file=sys.stderr)
-        for reason in plan.reasons:
-            print(f"batchtune:   {reason}", file=sys.stderr)
-    return (tuned, result) if return_result else tuned
+    return dataclasses.replace(args, **changes)
+
+
+def _say(tuned, plan: Plan, world: int) -> None:
+    print(f"batchtune: per_device_train_batch_size {plan.micro_batch_size} x "
+          f"gradient_accumulation_steps {plan.accumulation_steps} x {world} device(s) = "
+          f"global batch {plan.global_batch_size}; learning_rate {plan.lr:.6g}, "
+          f"warmup_steps {tuned.warmup_steps}, {'bf16' if tuned.bf16 else 'fp16' if tuned.fp16 else 'fp32'}",
+          file=sys.stderr)
+    if plan.token_budget > 0:
+        print(f"batchtune: token budget {plan.token_budget} padded tokens a micro-batch, "
+              f"{plan.tokens_per_step} tokens a step: train with "
+              "batchtune.huggingface.TokenBudgetTrainer(plan=result.plan)", file=sys.stderr)
+    for reason in plan.reasons:
+        print(f"batchtune:   {reason}", file=sys.stderr)
+
+
+# -- training by the token budget --------------------------------------------
+
+class LanguageModelPad:
+    """`TokenBudgetTrainer`'s collator when given none: `PadCollate` (the
+    pad token for the ids, -100 for `labels`), and where the samples have
+    no `labels`, their input ids as labels with the padding -100 — what
+    `DataCollatorForLanguageModeling(tokenizer, mlm=False)` makes."""
+
+    def __init__(self, pad_value: int = 0):
+        self.pad = PadCollate(pad_value=pad_value)
+
+    def __call__(self, samples: List[Any]) -> Any:
+        batch = self.pad(samples)
+        if isinstance(batch, dict) and "input_ids" in batch and "labels" not in batch:
+            ids = batch["input_ids"]
+            lengths = torch.tensor([sample_length(s) or 0 for s in samples])
+            real = torch.arange(ids.shape[-1]) < lengths[:, None]
+            batch["labels"] = ids.masked_fill(~real, -100)
+        return batch
+
+
+_TRAINER_SIGNATURE = inspect.signature(transformers.Trainer.__init__)
+
+
+class TokenBudgetTrainer(transformers.Trainer):
+    """A `transformers.Trainer` that trains by a plan's token budget: its
+    train loader's batch sampler is a `batchtune.TokenBudgetSampler` (every
+    micro-batch at most `plan.token_budget` padded tokens, the short samples
+    many to one, every sample once an epoch, reshuffled by the epoch, seeded
+    by `args.data_seed` or `args.seed`); under DDP (`torchrun`/`accelerate
+    launch`) each process takes its own share (the sampler shards by rank,
+    every rank the same count, and accelerate's own sharding is turned off
+    for it, as the Trainer does for its `BatchRebalanceSampler`).
+
+    Args:
+        plan: the tune's plan with a token budget (`tune_training_args(...,
+            lengths=..., return_result=True)` → `result.plan`, or
+            `batchtune.tune(..., lengths=...)`).
+        lengths: every sample's tokens, in the data set's order; default
+            read from `train_dataset` (its `input_ids`).
+        everything else: as `transformers.Trainer`. Without a
+            `data_collator` the micro-batches are padded by `LanguageModelPad`
+            (the tokenizer's pad token, labels -100; samples without labels
+            get their input ids, as `DataCollatorForLanguageModeling(mlm=False)`
+            gives them).
+
+    The loss weighting — why it is right: a causal LM's loss is a mean over
+    tokens, and the micro-batches of a step hold different numbers of them.
+    The step accumulates `gradient_accumulation_steps` micro-batches, set
+    here to the sampler's mean micro-batches per optimizer step (its
+    `steps()`, the plan's `tokens_per_step`), replacing the one in `args`.
+    The Trainer counts the label tokens of the step's micro-batches
+    (`get_batch_samples` → `num_items_in_batch`, all processes' when
+    `average_tokens_across_devices`, the default) and the model divides its
+    summed loss by that count, so every token weighs the same whatever
+    micro-batch it came in: the accumulated gradient is the per-token mean
+    of the whole step. (Averaging each micro-batch's mean, what the Trainer
+    does without `num_items_in_batch`, would weigh a token of a short
+    micro-batch more.) Hence it refuses a model whose forward takes no
+    `**kwargs` (and no `compute_loss_func`) when a step has several
+    micro-batches or processes, and `average_tokens_across_devices=False`
+    under DDP. `per_device_train_batch_size` does not apply to training.
+
+    Example::
+
+        trainer = TokenBudgetTrainer(model=model, args=args, train_dataset=data,
+                                     plan=result.plan)
+        trainer.train()
+        trainer.token_sampler.padding()   # real and padded tokens of an epoch
+    """
+
+    def __init__(self, *trainer_args: Any, plan: Plan, lengths: Any = None, **trainer_kwargs: Any):
+        bound = _TRAINER_SIGNATURE.bind_partial(self, *trainer_args, **trainer_kwargs)
+        given = bound.arguments
+        args, dataset = given.get("args"), given.get("train_dataset")
+        if args is None:
+            raise _core.Error("args: give the TrainingArguments (tune_training_args(..., lengths=...) "
+                              "returns them)")
+        if dataset is None:
+            raise _core.Error("train_dataset: TokenBudgetTrainer samples the training data set by its "
+                              "lengths; give train_dataset")
+        if args.auto_find_batch_size:
+            raise _core.Error("auto_find_batch_size: the micro-batches are the plan's token budget, "
+                              "which fits at every length; leave it False")
+        if int(getattr(args, "n_gpu", 1) or 0) > 1:
+            raise _core.Error(f"args: DataParallel over {args.n_gpu} GPUs in one process splits each "
+                              "micro-batch of the token budget; launch one process a GPU (torchrun or "
+                              "accelerate launch)")
+        lengths = dataset_lengths(dataset) if lengths is None else _resolve_lengths(lengths, dataset)
+        if hasattr(lengths, "__len__") and hasattr(dataset, "__len__") and len(lengths) != len(dataset):
+            raise _core.Error(f"lengths: {len(lengths)} lengths for a train_dataset of {len(dataset)} "
+                              "samples; give one a sample, in its order")
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        self.token_sampler = TokenBudgetSampler(lengths, plan, seed=seed,
+                                                drop_last=args.dataloader_drop_last,
+                                                num_replicas=args.world_size, rank=args.process_index)
+        self.plan = plan
+        steps = self.token_sampler.steps()
+        accumulation = max(1, round(len(self.token_sampler) / len(steps)))
+        given["args"] = dataclasses.replace(args, gradient_accumulation_steps=accumulation)
+        if given.get("data_collator") is None:
+            processing = given.get("processing_class")
+            pad = getattr(processing, "pad_token_id", None)
+            given["data_collator"] = LanguageModelPad(pad if isinstance(pad, int) else 0)
+        super().__init__(*bound.args[1:], **bound.kwargs)
+        self._check_weighting(accumulation)
+        if self.args.process_index == 0:
+            print(f"batchtune: TokenBudgetTrainer: micro-batches of at most {plan.token_budget} padded "
+                  f"tokens, {len(self.token_sampler)} an epoch on each of {self.args.world_size} "
+                  f"process(es); gradient_accumulation_steps {accumulation} (the sampler's mean per "
+                  f"step of {self.token_sampler.tokens_per_step} tokens), the loss weighted by tokens "
+                  "(num_items_in_batch)", file=sys.stderr)
+
+    def _check_weighting(self, accumulation: int) -> None:
+        world = self.args.world_size
+        counted = self.model_accepts_loss_kwargs or self.compute_loss_func is not None or \
+            self.loss_is_scaled_for_ga is not None
+        if not counted and (accumulation > 1 or world > 1):
+            raise _core.Error(
+                f"model: {type(self.model).__name__}.forward takes no **kwargs, so the Trainer cannot "
+                f"pass it num_items_in_batch and would average the means of {accumulation} "
+                f"micro-batch(es) x {world} process(es) of different token counts alike; pass "
+                "compute_loss_func=fn(outputs, labels, num_items_in_batch) returning the loss summed "
+                "over the tokens / num_items_in_batch")
+        if world > 1 and not self.args.average_tokens_across_devices:
+            raise _core.Error("average_tokens_across_devices: False averages the processes' per-token "
+                              "means alike though their micro-batches hold different token counts; "
+                              "leave it True (the default)")
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """The train loader over `token_sampler`, with the Trainer's
+        collator, workers and seeding; prepared by accelerate, whose own
+        sharding is turned off (the sampler already shards by rank)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        from transformers.trainer_utils import seed_worker
+
+        dataset, collator = self.train_dataset, self.data_collator
+        try:
+            import datasets
+
+            is_hf_dataset = isinstance(dataset, datasets.Dataset)
+        except ImportError:
+            is_hf_dataset = False
+        if is_hf_dataset:
+            dataset = self._remove_unused_columns(dataset, description="training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="training")
+        args = self.args
+        params: Dict[str, Any] = dict(
+            batch_sampler=self.token_sampler, collate_fn=collator,
+            num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
+            persistent_workers=args.dataloader_persistent_workers,
+            multiprocessing_context=getattr(args, "dataloader_multiprocessing_context", None),
+            prefetch_factor=args.dataloader_prefetch_factor,
+            worker_init_fn=functools.partial(seed_worker, num_workers=args.dataloader_num_workers,
+                                             rank=args.process_index))
+        if hasattr(args, "dataloader_in_order"):
+            params["in_order"] = args.dataloader_in_order
+        loader = self.accelerator.prepare(torch.utils.data.DataLoader(dataset, **params))
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is self.token_sampler:
+            shard.num_processes = 1
+            shard.process_index = 0
+        return loader

@@ -16,6 +16,13 @@ Example::
                         callbacks=[BatchTune(target_batch=256, memory_limit="256MiB")])
     trainer.fit(module)     # module.batch_size, trainer.accumulate_grad_batches set first
 
+Sequences of varying length: `BatchTune(lengths="auto")` tunes by them and
+trains by the plan's token budget (the train loader's batch sampler a
+`TokenBudgetSampler`, one micro-batch a rank a step)::
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=1,
+                        callbacks=[BatchTune(lengths="auto", memory_limit="256MiB")])
+
 Needs Lightning (`pip install lightning`); `import batchtune` does not.
 """
 from __future__ import annotations
@@ -28,9 +35,11 @@ import torch
 from . import _checks, _core
 from ._adapt import adapt_lr_rule, check_arguments
 from ._fit import missing
+from ._lengths import parse_lengths
 from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
 from ._results import TuneResult
 from .plan import Plan
+from .token_sampler import TokenBudgetSampler
 
 try:
     import lightning.pytorch as pl
@@ -42,7 +51,9 @@ except ImportError as _error:  # Lightning is optional
     raise missing("batchtune.lightning", "Lightning", "lightning", _error) from None
 
 from ._lightning_plan import amp_mismatch, apply_plan, switchable, trainer_amp  # noqa: E402
-from ._lightning_tune import job_plan, one_loader, tune_module  # noqa: E402
+from ._lengths import dataset_lengths  # noqa: E402
+from ._lightning_tokens import ItemWeights, token_loader  # noqa: E402
+from ._lightning_tune import job_plan, one_loader, train_loader, tune_module  # noqa: E402
 
 class BatchTune(Callback):
     """Tunes when `fit` starts and trains with the plan.
@@ -101,8 +112,32 @@ class BatchTune(Callback):
             the Trainer, filled in from this callback's own tune).
             The train dataloader is made again with a batch sampler that hands
             out the next micro-batches of the global batch of the moment.
-        adapt_seed: the seed of the epochs' order under adapt (the same on
-            every rank).
+        adapt_seed: the seed of the epochs' order under adapt or with
+            `lengths` (the same on every rank).
+        lengths: sequences of varying length — every sample's tokens, in
+            the data set's order (a list of ints), or "auto" (read from each
+            sample of the train dataloader's data set: its `input_ids`, else
+            its first sequence). The tune runs by them (`batchtune.tune(...,
+            lengths=...)`, its batches the longest samples cut to each length,
+            or your `make_batch(n, length)`) and plans a token budget; the
+            train dataloader is made again over a `TokenBudgetSampler`
+            (every micro-batch at most the budget's padded tokens, every
+            sample once an epoch, reshuffled by the epoch; under DDP each rank
+            its own share, the same count on every rank), with its collate_fn
+            kept (`batchtune.pad_collate` where it had the default one).
+            Each optimizer step is one micro-batch a rank
+            (`accumulate_grad_batches` 1): Lightning divides accumulated
+            losses by their count alike, which would weigh a token of a short
+            micro-batch more than one of a long one; one micro-batch a step
+            keeps the module's own per-token mean. Hence no `target_batch`
+            (the step is one budget a rank, the lr scaled to the samples it
+            holds at the data's mean length) and no `adapt`.
+        loss_items: with `lengths` under DDP, `loss_items(batch)` → the
+            items the module's loss averages over (e.g. its label tokens):
+            each rank's loss is weighted by its share of all ranks' items, so
+            that DDP's average is the step's per-token mean, as
+            `batchtune.Trainer(loss_items=...)` does; without it the ranks'
+            means count alike (each micro-batch fills the same budget).
         clock: a callable returning seconds, which times the windows adapt
             compares (tests pass a fake one).
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `tolerance`,
@@ -111,7 +146,9 @@ class BatchTune(Callback):
     After fit starts: `result` (this rank's `TuneResult`) and `plan`. The plan
     is kept in checkpoints: a resumed fit trains with it without tuning again.
     With adapt, `batch_schedule` lists the changes (the first the start) and
-    checkpoints keep where the schedule and the data stand.
+    checkpoints keep where the schedule and the data stand. With `lengths`,
+    `sample_lengths` and `token_sampler` (its `padding()`: the epoch's real
+    and padded tokens).
     """
 
     def __init__(self, *, objective: str = "throughput", amp: Optional[str] = None,
@@ -123,7 +160,9 @@ class BatchTune(Callback):
                  loss_fn: Optional[Callable] = None, adapt: bool = False,
                  adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
-                 adapt_min_batch: Optional[int] = None, adapt_seed: int = 0, clock: Callable[[], float] = time.perf_counter, **tune_kwargs: Any):
+                 adapt_min_batch: Optional[int] = None, adapt_seed: int = 0,
+                 clock: Callable[[], float] = time.perf_counter, lengths: Any = None,
+                 loss_items: Optional[Callable[[Any], Any]] = None, **tune_kwargs: Any):
         super().__init__()
         if not isinstance(adapt, bool):
             raise _core.Error(f"adapt: give True or False, got {adapt!r}")
@@ -141,6 +180,7 @@ class BatchTune(Callback):
         for reserved in ("group", "device", "target_batch", "base_lr", "base_batch", "world_size"):
             if reserved in tune_kwargs:
                 raise _core.Error(f"{reserved}: BatchTune sets it from the Trainer; leave it out")
+        _check_lengths(lengths, loss_items, adapt, target_batch)
         # A report path that cannot be written fails now, not after the tune.
         _checks.output_path("report", report)
         self.objective = objective
@@ -172,6 +212,11 @@ class BatchTune(Callback):
         self._adapt: Optional[LightningAdaptation] = None
         self._fits = 0          # the largest micro-batch the tune saw fit (all ranks)
         self._hooked = None     # (the data source, whose train_dataloader adapt wraps)
+        self.lengths = lengths
+        self.loss_items = loss_items
+        self.sample_lengths: Optional[List[int]] = None  # every sample's, resolved
+        self.token_sampler: Optional[TokenBudgetSampler] = None
+        self._weights: Optional[ItemWeights] = None
 
     # -- Lightning hooks ---------------------------------------------------
 
@@ -202,6 +247,11 @@ class BatchTune(Callback):
                 isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
             raise _core.Error("target_batch: a GradientAccumulationScheduler callback sets the "
                               "accumulation; remove it or leave target_batch unset")
+        if self.lengths is not None and any(
+                isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            raise _core.Error("lengths: trains one micro-batch of the token budget a step, and a "
+                              "GradientAccumulationScheduler callback would accumulate them alike; "
+                              "remove it")
         if self.adapt:
             self._check_adapt(trainer)
 
@@ -209,12 +259,17 @@ class BatchTune(Callback):
         plan = self._restored
         if plan is None:
             plan = self._tune(trainer, pl_module)
+        if plan.token_budget > 0 and self.lengths is None:
+            raise _core.Error("lengths: the checkpoint's plan trains by a token budget; give "
+                              "BatchTune(lengths=...) as the run that saved it did")
         self.plan = plan
         apply_plan(trainer, pl_module, plan, batch_arg_name=self.batch_arg_name,
                    scale_lr=self.scale_lr, report=self.result.report if self.result else None,
                    resumed=self._restored is not None)
         if self.adapt:
             self._start_adapt(trainer, pl_module, plan)
+        if self.lengths is not None:
+            self._start_tokens(trainer, pl_module, plan)
 
     def state_dict(self) -> Dict[str, Any]:
         state: Dict[str, Any] = {"plan": self.plan.to_dict()} if self.plan is not None else {}
@@ -246,6 +301,8 @@ class BatchTune(Callback):
     # -- adapt: the hooks of a step ----------------------------------------
 
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.token_sampler is not None:  # before the epoch's loader iterator is made
+            self.token_sampler.set_epoch(trainer.current_epoch)
         if self._adapt is not None:
             self._adapt.trained = 0
 
@@ -313,6 +370,9 @@ class BatchTune(Callback):
         if self._hooked is not None:
             self._hooked.__dict__.pop("train_dataloader", None)
             self._hooked = None
+        if self._weights is not None:
+            self._weights.remove()
+            self._weights = None
 
     # -- the tune ----------------------------------------------------------
 
@@ -328,11 +388,60 @@ class BatchTune(Callback):
         return self._group
 
     def _tune(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> Plan:
+        if self.lengths is not None:
+            self.sample_lengths = self._sample_lengths(train_loader(trainer, pl_module))
         self.result = tune_module(trainer, pl_module, self, self._local_group(trainer))
         if not self.result.complete:
             raise KeyboardInterrupt
         plan, self._fits = job_plan(trainer, pl_module, self.result)
         return plan
+
+    # -- sequences of varying length -----------------------------------------
+
+    def _sample_lengths(self, loader: torch.utils.data.DataLoader) -> List[int]:
+        """Every sample's length: as given, or read from the data set."""
+        if isinstance(self.lengths, str):
+            lengths = dataset_lengths(loader.dataset, source="lengths")
+        else:
+            lengths = parse_lengths(list(self.lengths)).samples
+        try:
+            size = len(loader.dataset)
+        except TypeError:
+            raise _core.Error("lengths: the train dataloader's data set has no len(); the token "
+                              "budget's batch sampler hands out its indices, so give a map-style "
+                              "data set") from None
+        if len(lengths) != size:
+            raise _core.Error(f"lengths: {len(lengths)} lengths for a train data set of {size} "
+                              "samples; give one a sample, in its order (or \"auto\")")
+        return lengths
+
+    def _start_tokens(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                      plan: Plan) -> None:
+        """The train dataloader made again over a `TokenBudgetSampler` of the
+        plan (each rank its share), and under DDP with `loss_items` the
+        ranks' losses weighted by their items."""
+        instance, original, loader = _train_loader_source(trainer, "lengths")
+        if self.sample_lengths is None:  # resumed with the checkpoint's plan: no tune ran
+            self.sample_lengths = self._sample_lengths(loader)
+        tokens = TokenBudgetSampler(self.sample_lengths, plan, shuffle=shuffled(loader),
+                                    seed=self.adapt_seed, num_replicas=trainer.world_size,
+                                    rank=trainer.global_rank)
+        self.token_sampler = tokens
+
+        def train_dataloader():
+            return token_loader(one_loader(original()), tokens)
+
+        # Lightning asks the data source for the loader (again) after
+        # on_fit_start; this one hands out the token budget's micro-batches.
+        instance.__dict__["train_dataloader"] = train_dataloader
+        self._hooked = instance
+        if self.loss_items is not None and trainer.world_size > 1:
+            self._weights = ItemWeights(trainer.strategy, trainer.world_size, pl_module,
+                                        self.loss_items)
+            self._weights.install()
+        padding = tokens.padding()
+        rank_zero_info(f"batchtune: {len(tokens)} micro-batches an epoch a rank, "
+                       f"{padding['tokens']} tokens padded to {padding['padded_tokens']}")
 
     # -- adapt -------------------------------------------------------------
 
@@ -358,14 +467,7 @@ class BatchTune(Callback):
 
     def _start_adapt(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                      plan: Plan) -> None:
-        source = trainer.fit_loop._data_source
-        instance = source.instance
-        if instance is None or not hasattr(instance, "train_dataloader"):
-            raise _core.Error("adapt: needs the train dataloader from train_dataloader() of the "
-                              "LightningModule or the LightningDataModule")
-        instance.__dict__.pop("train_dataloader", None)  # a wrapper a failed fit left
-        original = instance.train_dataloader
-        loader = one_loader(original())
+        instance, original, loader = _train_loader_source(trainer, "adapt")
         try:
             size = len(loader.dataset)
         except TypeError:
@@ -417,3 +519,46 @@ class BatchTune(Callback):
                        f"{change['global_batch_size']} (micro-batch {change['micro_batch_size']} "
                        f"x {change['accumulation_steps']}), lr {change['lr']:.3g}: "
                        f"{change['reason']}")
+
+
+def _check_lengths(lengths: Any, loss_items: Any, adapt: bool, target_batch: Optional[int]) -> None:
+    """`BatchTune`'s `lengths` and what goes with it, checked when it is made."""
+    if loss_items is not None and not callable(loss_items):
+        raise TypeError("loss_items: must be a function fn(batch) -> the number of items the loss "
+                        f"of batch averages over, got {type(loss_items).__name__}")
+    if lengths is None:
+        if loss_items is not None:
+            raise _core.Error("loss_items: weighs the ranks' micro-batches of a token budget; give "
+                              "lengths=... too, or leave it out")
+        return
+    if isinstance(lengths, str):
+        if lengths != "auto":
+            raise _core.Error(f"lengths: '{lengths}' is not \"auto\"; give \"auto\" (read from the "
+                              "train data set) or every sample's length (a list of ints)")
+    elif isinstance(lengths, tuple) and len(lengths) == 2:
+        raise _core.Error("lengths: a (shortest, longest) range does not say which sample is which; "
+                          "BatchTune cuts every epoch by each sample's length: give the list (one a "
+                          "sample) or \"auto\"")
+    else:
+        parse_lengths(list(lengths) if isinstance(lengths, tuple) else lengths)
+    if adapt:
+        raise _core.Error("adapt: changes a batch of samples, and lengths= trains by a token "
+                          "budget; leave one of them out")
+    if target_batch is not None:
+        raise _core.Error("target_batch: with lengths= each optimizer step is one micro-batch of the "
+                          "token budget a rank (accumulate_grad_batches 1, so that the loss stays a "
+                          "per-token mean); leave target_batch unset")
+
+
+def _train_loader_source(trainer: "pl.Trainer", what: str):
+    """Where the train dataloader comes from, to make it again: the module
+    or data module that defines `train_dataloader()`, that method (a wrapper
+    a failed fit left taken off) and the loader it makes now. `what` names
+    the argument that needs it."""
+    instance = trainer.fit_loop._data_source.instance
+    if instance is None or not hasattr(instance, "train_dataloader"):
+        raise _core.Error(f"{what}: needs the train dataloader from train_dataloader() of the "
+                          "LightningModule or the LightningDataModule")
+    instance.__dict__.pop("train_dataloader", None)  # a wrapper a failed fit left
+    original = instance.train_dataloader
+    return instance, original, one_loader(original())

@@ -49,6 +49,18 @@ class Plan:
     """Samples per forward-only evaluation batch (no gradients, no optimizer
     state), found by a forward-only search; 0 when none ran (evaluate at the
     micro-batch)."""
+    token_budget: int = 0
+    """Sequences of varying length (`tune(..., lengths=...)`): padded tokens
+    per micro-batch at most (samples × the longest of them), a budget that
+    fits at every length up to the longest; 0 for a plan of fixed batches."""
+    length_buckets: List[Dict[str, int]] = dataclasses.field(default_factory=list)
+    """With a token budget: the buckets by length, shortest first, each
+    `{"max_length", "micro_batch_size"}` (the micro-batch that fits at its
+    bound)."""
+    tokens_per_step: int = 0
+    """With a token budget: real tokens per optimizer step over every
+    process (the budget on each by default), reached by accumulating
+    micro-batches; the lr belongs to the samples such a step holds."""
     reasons: List[str] = dataclasses.field(default_factory=list)
     """One sentence per choice, saying why and where its value came from."""
     warnings: List[str] = dataclasses.field(default_factory=list)
@@ -85,7 +97,13 @@ class Plan:
         return kwargs
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The plan JSON's fields; the token fields only with a token budget,
+        as the CLI writes them."""
+        data = dataclasses.asdict(self)
+        if self.token_budget <= 0:
+            for key in ("token_budget", "length_buckets", "tokens_per_step"):
+                del data[key]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())

@@ -1,19 +1,25 @@
 """The plan in your loop: a small runner that trains with it."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
+import math
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
 from . import _core, _distributed
 from ._adapt import Adaptation, adapt_lr_rule, loss_scale_of
 from ._memory import oom_count
-from ._step import LossFn, TrainStep, batch_size_of, check_amp_device, slice_batch, to_device
+from ._step import (LossFn, TrainStep, batch_size_of, check_amp_device, loss_item_count,
+                    slice_batch, to_device)
 from .plan import Plan, group_lr_ratios
+
+# Samples [begin, end) of a batch: one forward and backward of a step.
+_Piece = Tuple[Any, int, int]
 
 
 class Trainer:
@@ -22,6 +28,28 @@ class Trainer:
     × accumulation, as `plan.dataloader_kwargs()` loads them), splits them into
     micro-batches, accumulates their gradients with each loss weighted by its
     share of the batch, and steps the optimizer once.
+    `step(micro_batches=[...])` takes the step's micro-batches as they come
+    instead (a token-budget batch sampler's: each of its own sample count and
+    padded length) and accumulates them into one optimizer step; under
+    `DistributedDataParallel` only the last one's backward all-reduces, so
+    ranks may give different numbers of them.
+
+    - The weighting: by default a micro-batch's loss counts by its share of
+      the step's samples. That is the whole step's gradient for a loss that
+      is a mean over samples, and wrong for one that averages over anything
+      else, such as a per-token mean over sequences whose token counts
+      differ (a Hugging Face causal LM's loss). `loss_items=fn` says what the
+      loss averages over: `fn(batch)` is the number of items (an int or a
+      0-dim tensor) in `batch`'s mean, e.g. its label tokens; each
+      micro-batch then counts by its items over the step's, and the
+      accumulated gradient and the returned loss are the whole step's
+      per-item mean. Under `torch.distributed` with a
+      `DistributedDataParallel` model, which averages the ranks' gradients,
+      the step's items are all ranks' (summed over the group), so the
+      gradient is the global batch's. A micro-batch with no items runs with
+      weight 0 (its loss must still give a finite gradient, as
+      `F.cross_entropy(ignore_index=-100)` does); a step with none at all
+      raises `batchtune.Error`.
 
     - The learning rate of every parameter group follows the plan: its
       `lr` (relative to the groups' lrs when the Trainer was made, the first
@@ -31,10 +59,12 @@ class Trainer:
       `torch.amp.GradScaler`.
     - An out-of-memory in a micro-batch frees what the step held, halves the
       micro-batch and runs the same samples again: the logical batch (and so
-      the learning rate) stays. Under `torch.distributed` every rank learns of
-      it and halves together. An error that is no `torch.OutOfMemoryError`
-      counts when the allocator counted a refusal during the step or its
-      message names one ("CUDA error: out of memory").
+      the learning rate) stays; with `micro_batches=` each given micro-batch
+      runs in twice as many pieces (`micro_batch_split`) instead. Under
+      `torch.distributed` every rank learns of it and halves together. An
+      error that is no `torch.OutOfMemoryError` counts when the allocator
+      counted a refusal during the step or its message names one ("CUDA
+      error: out of memory").
 
     - `adapt=True` follows the gradient noise scale as training goes, by the
       policy of `batchtune train --adapt`: every `adapt_every` steps the
@@ -65,6 +95,13 @@ class Trainer:
         loader = DataLoader(dataset, shuffle=True, **result.plan.dataloader_kwargs())
         for batch in loader:
             loss = trainer.step(batch)
+
+    A causal LM's per-token mean loss over micro-batches of a token budget::
+
+        trainer = batchtune.Trainer(model, optimizer, loss_fn, plan,
+                                    loss_items=lambda b: (b["labels"][:, 1:] != -100).sum())
+        for micro_batches in steps:  # each a list of padded batches
+            loss = trainer.step(micro_batches=micro_batches)
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
@@ -74,9 +111,14 @@ class Trainer:
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  adapt_min_batch: Optional[int] = None,
                  adapt_speeds: Optional[Mapping[int, Any]] = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 loss_items: Optional[Callable[[Any], Any]] = None):
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")
+        if loss_items is not None and not callable(loss_items):
+            raise TypeError("loss_items: must be a function fn(batch) -> the number of items the "
+                            f"loss of batch averages over, got {type(loss_items).__name__}")
+        self.loss_items = loss_items
         self.model = model
         self.optimizer = optimizer
         # An adapting run changes its plan as it goes: its own copy.
@@ -87,6 +129,9 @@ class Trainer:
             device = p.device if p is not None else torch.device("cpu")
         self.device = torch.device(device)
         self.micro_batch_size = plan.micro_batch_size
+        # step(micro_batches=): the pieces each micro-batch runs in; an
+        # out-of-memory doubles it, as it halves micro_batch_size.
+        self.micro_batch_split = 1
         self.steps_done = 0
         self.recoveries: List[str] = []
         self.scale_lr = scale_lr
@@ -139,50 +184,171 @@ class Trainer:
         for group, ratio in zip(self.optimizer.param_groups, self._lr_ratios):
             group["lr"] = lr * ratio
 
-    def _accumulate(self, batch: Any, n: int, micro: int, small: int = 0) -> torch.Tensor:
-        """The batch's gradients in micro-batches; with `small` > 0 the first
-        `small` samples alone first, their gradient norm measured against the
-        whole batch's for the noise scale."""
+    def _pieces(self, batches: List[Any], whole: bool, n: int,
+                small: int) -> Tuple[List[_Piece], int]:
+        """The step's samples in the pieces that run one at a time, and the
+        samples of the first when it is measured alone (`small`, else 0).
+        `step(batch)`: micro-batches of `micro_batch_size`, the first `small`
+        samples alone first; `step(micro_batches=)`: each micro-batch of m
+        samples in pieces of ceil(m / `micro_batch_split`)."""
+        if whole:
+            micro = min(self.micro_batch_size, n)
+            small = min(small, micro) if small < n else 0
+            bounds = [0, small] if small > 0 else [0]
+            bounds += list(range(bounds[-1] + micro, n, micro)) + [n]
+            return [(batches[0], b, e) for b, e in zip(bounds, bounds[1:])], small
+        pieces = []
+        for batch in batches:
+            m = batch_size_of(batch)
+            size = -(-m // self.micro_batch_split)
+            pieces += [(batch, b, min(b + size, m)) for b in range(0, m, size)]
+        return pieces, 0
+
+    def _items(self, parts: List[Any]) -> List[float]:
+        """`loss_items` of each part, read back from the device at once."""
+        counts = []
+        for part in parts:
+            count = loss_item_count(self.loss_items(part))
+            counts.append(count.double() if isinstance(count, torch.Tensor) else count)
+        tensors = [c for c in counts if isinstance(c, torch.Tensor)]
+        read = iter(torch.stack([t.to(tensors[0].device) for t in tensors]).tolist()
+                    if tensors else [])
+        values = [next(read) if isinstance(c, torch.Tensor) else float(c) for c in counts]
+        for value in values:
+            if not value >= 0:
+                raise _core.Error(f"loss_items: returned {value} for a micro-batch; it counts the "
+                                  "items its loss averages over, at least 0")
+        return values
+
+    def _weights(self, pieces: List[_Piece], n: int) -> Tuple[List[float], List[float]]:
+        """Each piece's weight in the step's gradient and its share of the
+        step's mean loss: its samples over the step's `n`, or with
+        `loss_items` its items over the step's. Under DDP, which averages the
+        ranks' gradients, the weights are items x world size over all ranks'
+        items, so that the average is the global batch's gradient; the loss
+        stays this rank's mean."""
+        if self.loss_items is None:
+            shares = [(end - begin) / n for _, begin, end in pieces]
+            return shares, shares
+        items = self._items([slice_batch(batch, begin, end) for batch, begin, end in pieces])
+        local = sum(items)
+        world, total = 1, local
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            world = _distributed.world_size(self.group)
+            total = _distributed.all_sum(local, self.group)
+        if not total > 0:
+            raise _core.Error("loss_items: the step's micro-batches hold 0 items in all; give "
+                              "steps with something the loss averages over (a label not ignored)")
+        # A rank without items has no mean loss of its own: nan, not 0.
+        shares = [i / local for i in items] if local > 0 else [math.nan] * len(items)
+        return [i * world / total for i in items], shares
+
+    def _accumulate(self, pieces: List[_Piece], weights: List[float], shares: List[float],
+                    n: int, small: int = 0, sync_each: bool = True) -> torch.Tensor:
+        """The step's gradients, piece by piece, each piece's loss weighted by
+        its weight; returns the step's mean loss. With `small` > 0 the first
+        piece (`small` samples) has its gradient norm measured against the
+        whole step's for the noise scale. `sync_each` False: a DDP model
+        all-reduces at the last piece's backward alone (`no_sync` before), so
+        that ranks may run different numbers of pieces."""
         total = torch.zeros((), device=self.device)
-        bounds = [0, small] if small > 0 else [0]
-        bounds += list(range(bounds[-1] + micro, n, micro)) + [n]
+        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         small_sq = None
-        for begin, end in zip(bounds, bounds[1:]):
+        for i, ((batch, begin, end), weight, share) in enumerate(zip(pieces, weights, shares)):
             part = slice_batch(batch, begin, end)
-            share = (end - begin) / n
-            loss = self._step.backward(part, share)
-            total += loss.float() * share
+            deferred = ddp and not sync_each and i + 1 < len(pieces)
+            with self.model.no_sync() if deferred else contextlib.nullcontext():
+                loss = self._step.backward(part, weight)
+            if share != 0:  # a piece without items may have a nan loss
+                total += loss.float() * share
             del part, loss
-            if small > 0 and small_sq is None:
-                # The gradient so far is share x the first samples' mean gradient.
-                small_sq = _core.squared_gradient_norm(list(self.model.parameters())) / share ** 2
+            if small > 0 and i == 0 and weight > 0:
+                # The gradient so far is weight x the first samples' mean gradient.
+                small_sq = _core.squared_gradient_norm(list(self.model.parameters())) / weight ** 2
         if small_sq is not None:
             scaler = self._step.scaler
-            ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
             self._adapt.measure(small, small_sq, n,
                                 _core.squared_gradient_norm(list(self.model.parameters())),
                                 scaler.get_scale() if scaler is not None else 1.0,
                                 _distributed.world_size(self.group) if ddp else 1)
         return total
 
-    def step(self, batch: Any) -> float:
+    def _step_batches(self, batch: Any, micro_batches: Optional[Iterable[Any]]) -> List[Any]:
+        """The step's batch, or its micro-batches, on the device; refuses an
+        empty one."""
+        if (batch is None) == (micro_batches is None):
+            raise TypeError("Trainer.step: give the step's samples once, as step(batch) or as "
+                            "step(micro_batches=[...]); got "
+                            + ("both" if batch is not None else "neither"))
+        if micro_batches is None:
+            batch = to_device(batch, self.device, non_blocking=self.plan.pin_memory)
+            if batch_size_of(batch) < 1:
+                raise ValueError("Trainer.step: the batch is empty")
+            return [batch]
+        if self._adapt is not None:
+            raise _core.Error("micro_batches: adapt=True takes step(batch) of the plan's batch "
+                              "size (as AdaptiveBatchSampler hands it out), not micro_batches=")
+        if isinstance(micro_batches, (torch.Tensor, dict)):
+            raise TypeError("micro_batches: must be a list of batches (each a tensor, a tuple/list "
+                            f"or a dict of tensors), got one {type(micro_batches).__name__}")
+        batches = [to_device(b, self.device, non_blocking=self.plan.pin_memory)
+                   for b in micro_batches]
+        if not batches:
+            raise ValueError("Trainer.step: micro_batches is empty")
+        for i, b in enumerate(batches):
+            if batch_size_of(b) < 1:
+                raise ValueError(f"Trainer.step: micro_batches[{i}] is empty")
+        return batches
+
+    def _recover(self, pieces: List[_Piece], whole: bool, n: int, message: str) -> None:
+        """After an out-of-memory all ranks agree on: the same samples in
+        smaller pieces next time (the micro-batch halved, or each given
+        micro-batch in twice as many pieces), noted."""
+        largest = max(end - begin for _, begin, end in pieces)
+        if largest <= 1:
+            raise torch.OutOfMemoryError(
+                f"batchtune.Trainer: out of memory at micro-batch 1, nothing left to halve "
+                f"({message})")
+        if whole:
+            self.micro_batch_size = max(1, largest // 2)
+            if self._adapt is not None:
+                self._adapt.adapter.cap_micro_batch(self.micro_batch_size)
+            now = f"micro-batch {self.micro_batch_size}"
+        else:
+            self.micro_batch_split *= 2
+            now = f"each micro-batch in {self.micro_batch_split} pieces"
+        note = (f"step {self.steps_done}: out of memory at micro-batch {largest} ({message}); "
+                f"{now}, the logical batch {n} kept")
+        self.recoveries.append(note)
+        print(f"batchtune: {note}", file=sys.stderr)
+
+    def step(self, batch: Any = None, *, micro_batches: Optional[Iterable[Any]] = None) -> float:
         """One optimizer step over `batch` (any number of samples; normally
-        `plan.batch_size`). Returns the batch's mean loss."""
-        batch = to_device(batch, self.device, non_blocking=self.plan.pin_memory)
-        n = batch_size_of(batch)
-        if n < 1:
-            raise ValueError("Trainer.step: the batch is empty")
+        `plan.batch_size`), or over `micro_batches`, a list of batches as
+        `step` takes them (each of its own samples and padded length, as a
+        token-budget batch sampler yields them) run as they are. Returns the
+        step's mean loss: by samples, or by `loss_items` when the Trainer has
+        it.
+
+        Example::
+
+            trainer.step(micro_batches=[collate(seqs[:1]), collate(seqs[1:4])])
+        """
+        whole = micro_batches is None
+        batches = self._step_batches(batch, micro_batches)
+        n = sum(batch_size_of(b) for b in batches)
         self._apply_lr()
         small = self._adapt.small_batch(n, min(self.micro_batch_size, n)) \
             if self._adapt is not None else 0
         while True:
-            micro = min(self.micro_batch_size, n)
+            pieces, first = self._pieces(batches, whole, n, small)
+            weights, shares = self._weights(pieces, n)
             oom: Optional[BaseException] = None
             total = None
             self._step.zero_grad()
             ooms_before = oom_count(self.device)
             try:
-                total = self._accumulate(batch, n, micro, min(small, micro) if small < n else 0)
+                total = self._accumulate(pieces, weights, shares, n, first, sync_each=whole)
             except torch.OutOfMemoryError as e:
                 oom = e
             except Exception as e:  # noqa: BLE001 - an out-of-memory under another name?
@@ -203,19 +369,9 @@ class Trainer:
             gc.collect()
             if torch.cuda.is_available() and self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if micro <= 1:
-                raise torch.OutOfMemoryError(
-                    f"batchtune.Trainer: out of memory at micro-batch 1, nothing left to halve "
-                    f"({message})")
-            self.micro_batch_size = max(1, micro // 2)
-            if self._adapt is not None:
-                self._adapt.adapter.cap_micro_batch(self.micro_batch_size)
-            note = (f"step {self.steps_done}: out of memory at micro-batch {micro} ({message}); "
-                    f"micro-batch {self.micro_batch_size}, the logical batch {n} kept")
-            self.recoveries.append(note)
-            print(f"batchtune: {note}", file=sys.stderr)
+            self._recover(pieces, whole, n, message)
         if self._adapt is not None:
-            if micro >= n:  # no accumulation: this step against the previous one
+            if self.micro_batch_size >= n:  # no accumulation: this step against the previous one
                 ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
                 self._adapt.measure_successive(
                     list(self.model.parameters()),
@@ -255,7 +411,8 @@ class Trainer:
         optimizer's: the steps, the micro-batch an out-of-memory left, and with
         adapt the plan as it stands and the schedule."""
         state: Dict[str, Any] = dict(steps_done=self.steps_done,
-                                     micro_batch_size=self.micro_batch_size)
+                                     micro_batch_size=self.micro_batch_size,
+                                     micro_batch_split=self.micro_batch_split)
         if self._adapt is not None:
             state["plan"] = {k: getattr(self.plan, k) for k in (
                 "global_batch_size", "micro_batch_size", "accumulation_steps", "lr")}
@@ -269,6 +426,8 @@ class Trainer:
                               "load it into one made the same way")
         self.steps_done = int(state["steps_done"])
         self.micro_batch_size = int(state["micro_batch_size"])
+        # A state saved before step(micro_batches=) existed has no split.
+        self.micro_batch_split = int(state.get("micro_batch_split", 1))
         if self._adapt is not None:
             for k, v in state["plan"].items():
                 setattr(self.plan, k, v)

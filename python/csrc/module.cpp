@@ -29,6 +29,7 @@
 #include "batchtune/tuning/sweep.h"
 #include "trial_subject.h"
 #include "adapt_binding.h"
+#include "token_binding.h"
 #include "tune_binding.h"
 
 namespace py = pybind11;
@@ -382,4 +383,5 @@ PYBIND11_MODULE(_core, m) {
   bind_trial_subject(m);
   bind_tune(m);
   bind_adapt(m);
+  bind_tokens(m);
 }

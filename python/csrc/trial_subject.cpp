@@ -58,6 +58,24 @@ class PyTrialSubject : public TrialSubject {
     if (!py::hasattr(self, "amp")) return AmpMode::kOff;
     return parse_amp(self.attr("amp").cast<std::string>());
   }
+  void set_sequence_length(int64_t length) override {
+    translated([&] {
+      py::gil_scoped_acquire gil;
+      py::function method =
+          py::get_override(static_cast<const TrialSubject*>(this), "set_sequence_length");
+      if (method) {
+        method(length);
+      } else {
+        TrialSubject::set_sequence_length(length);
+      }
+    });
+  }
+  int64_t sequence_length() const override {
+    py::gil_scoped_acquire gil;
+    py::function method =
+        py::get_override(static_cast<const TrialSubject*>(this), "sequence_length");
+    return method ? method().cast<int64_t>() : 0;
+  }
   void save() override { translated([&] { call("save"); }); }
   bool set_forward_only(bool on) override {
     bool supported = !on;  // a subject of the user's own without a forward-only step

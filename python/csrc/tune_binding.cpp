@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "batchtune/common/atomic_file.h"
@@ -154,7 +155,9 @@ std::optional<std::string> python_stop() {
 /// loader is timed.
 class PythonSubject final : public TuneSubject {
  public:
-  explicit PythonSubject(py::function make_runner) : make_runner_(std::move(make_runner)) {}
+  PythonSubject(py::function make_runner, std::optional<LengthRange> lengths,
+                int64_t gradient_bytes)
+      : make_runner_(std::move(make_runner)), lengths_(lengths), gradient_bytes_(gradient_bytes) {}
   ~PythonSubject() override {
     py::gil_scoped_acquire gil;
     runners_.clear();
@@ -171,9 +174,13 @@ class PythonSubject final : public TuneSubject {
     return build_subject_plan(request, micro, amp, memory.device().is_cuda());
   }
   std::string loader_skipped_note() const override { return kPythonLoaderNote; }
+  std::optional<LengthRange> length_range() const override { return lengths_; }
+  int64_t gradient_bytes() const override { return gradient_bytes_; }
 
  private:
   py::function make_runner_;
+  std::optional<LengthRange> lengths_;
+  int64_t gradient_bytes_;
   std::map<AmpMode, py::object> runners_;
 };
 
@@ -191,7 +198,8 @@ OptionSources python_sources(const std::map<std::string, std::string>& sources) 
 
 TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
                     const ResolvedTuneOptions& resolved, TuneReporter* reporter,
-                    Communicator* communicator, bool verbose, const std::string& report) {
+                    Communicator* communicator, bool verbose, const std::string& report,
+                    std::optional<std::pair<int64_t, int64_t>> lengths, int64_t gradient_bytes) {
   ResolvedTuneOptions options = resolved;
   clear_keyboard_interrupt();
   options.stop(python_stop);
@@ -213,7 +221,9 @@ TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
   }
   if (reporter != nullptr) reporters.add(reporter);
 
-  PythonSubject subject(make_runner);
+  std::optional<LengthRange> range;
+  if (lengths) range = LengthRange{lengths->first, lengths->second};
+  PythonSubject subject(make_runner, range, gradient_bytes);
   const TuneResult r = tune(subject, memory, options, &reporters);
   if (!report.empty() && primary && (!r.sweep.empty() || !r.complete)) {
     write_file_atomically(report, html_report(r));
@@ -234,7 +244,8 @@ void bind_tune(py::module_& m) {
                        std::optional<int64_t> warmup_steps, std::optional<std::string> optimizer,
                        std::optional<int64_t> multiple_of, const std::string& command_line,
                        bool sweep, std::optional<int64_t> world_size,
-                       const std::map<std::string, std::string>& sources) {
+                       const std::map<std::string, std::string>& sources,
+                       std::optional<double> mean_length) {
              PlanRequest request;
              request.target_batch = target_batch;
              request.base_lr = base_lr;
@@ -245,6 +256,7 @@ void bind_tune(py::module_& m) {
              request.multiple_of = multiple_of;
              if (world_size) request.world_size = *world_size;
              request.sources = python_sources(sources);
+             request.mean_length = mean_length;
              return TuneOptions()
                  .front_end(FrontEnd::kPython)
                  .amp(parse_amp(amp))
@@ -270,7 +282,8 @@ void bind_tune(py::module_& m) {
            py::arg("warmup_steps") = py::none(), py::arg("optimizer") = py::none(),
            py::arg("multiple_of") = py::none(), py::arg("command_line") = "",
            py::arg("sweep") = true, py::arg("world_size") = py::none(),
-           py::arg("sources") = std::map<std::string, std::string>{})
+           py::arg("sources") = std::map<std::string, std::string>{},
+           py::arg("mean_length") = py::none())
       .def_property_readonly("time_budget_s", [](const TuneOptions& o) { return o.time_budget_s(); })
       .def_property_readonly("max_batch", [](const TuneOptions& o) { return o.search().max_batch(); })
       .def("resolve", [](const TuneOptions& o) { return resolve(o); },
@@ -296,18 +309,21 @@ void bind_tune(py::module_& m) {
 
   m.def("tune", &run_tune, py::arg("make_runner"), py::arg("memory"), py::arg("options"),
         py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
-        py::arg("verbose") = false, py::arg("report") = "",
+        py::arg("verbose") = false, py::arg("report") = "", py::arg("lengths") = py::none(),
+        py::arg("gradient_bytes") = 0,
         "batchtune::tune: precision, search, sweep, choice, plan under one time budget, with the "
         "utilization monitor; `make_runner(amp)` gives the TrialRunner of each precision it "
         "measures or picks; the result as `TuneReport`. A KeyboardInterrupt in a trial ends it "
-        "with what was measured (complete False).");
+        "with what was measured (complete False). `lengths` (shortest, longest): sequences, "
+        "with the length phase and a token budget (`gradient_bytes` kept free for the "
+        "gradients held while micro-batches accumulate).");
   m.def(
       "tune",
       [](const py::function& make_runner, DeviceMemory& memory, const TuneOptions& options,
          TuneReporter* reporter, Communicator* communicator, bool verbose,
          const std::string& report) {
         return run_tune(make_runner, memory, resolve(options), reporter, communicator, verbose,
-                        report);
+                        report, std::nullopt, 0);
       },
       py::arg("make_runner"), py::arg("memory"), py::arg("options"),
       py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,

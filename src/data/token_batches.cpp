@@ -75,6 +75,41 @@ std::vector<TokenBatch> LengthBucketSampler::batches(const std::vector<int64_t>&
   return out;
 }
 
+double mean_length(const std::vector<int64_t>& lengths) {
+  if (lengths.empty()) return 0;
+  const double sum = std::accumulate(lengths.begin(), lengths.end(), 0.0,
+                                     [](double a, int64_t b) { return a + static_cast<double>(b); });
+  return sum / static_cast<double>(lengths.size());
+}
+
+std::vector<int64_t> steps_by_tokens(const std::vector<TokenBatch>& batches, int64_t target_tokens,
+                                     int64_t ranks) {
+  if (target_tokens < 1) {
+    throw Error(fmt::format("tokens_per_step: must be at least 1, got {}", target_tokens));
+  }
+  if (ranks < 1) throw Error(fmt::format("num_replicas: must be at least 1, got {}", ranks));
+  const auto count = static_cast<int64_t>(batches.size());
+  if (count % ranks != 0) {
+    throw Error(fmt::format("steps_by_tokens: {} micro-batches are no whole number of rounds of {} "
+                            "ranks",
+                            count, ranks));
+  }
+  std::vector<int64_t> steps;
+  int64_t rounds = 0;
+  int64_t tokens = 0;
+  for (int64_t round = 0; round < count / ranks; ++round) {
+    for (int64_t r = 0; r < ranks; ++r) tokens += batches[static_cast<size_t>(round * ranks + r)].tokens;
+    ++rounds;
+    if (tokens >= target_tokens) {
+      steps.push_back(rounds);
+      rounds = 0;
+      tokens = 0;
+    }
+  }
+  if (rounds > 0) steps.push_back(rounds);
+  return steps;
+}
+
 std::vector<TokenBatch> fixed_batches(const std::vector<int64_t>& lengths, int64_t batch_size,
                                       int64_t pad_to, uint64_t seed, int64_t epoch) {
   TORCH_CHECK(batch_size >= 1, "fixed_batches: a batch of at least 1");

@@ -53,6 +53,7 @@ nlohmann::json to_json(const Plan& plan) {
       buckets.push_back({{"max_length", b.max_length}, {"micro_batch_size", b.micro_batch_size}});
     }
     json["length_buckets"] = std::move(buckets);
+    json["tokens_per_step"] = plan.tokens_per_step;
   }
   return json;
 }
@@ -131,7 +132,7 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   r.only({"micro_batch_size", "accumulation_steps", "world_size", "global_batch_size", "lr",
           "lr_scaling", "warmup_steps", "amp", "workers", "pin_memory", "prefetch",
           "eval_micro_batch_size", "reasons", "warnings", "workload", "token_budget",
-          "length_buckets"});
+          "length_buckets", "tokens_per_step"});
   Plan plan;
   plan.micro_batch_size = r.integer("micro_batch_size", 1);
   plan.accumulation_steps = r.integer("accumulation_steps", 1);
@@ -235,6 +236,9 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
           {br.integer("max_length", 1), br.integer("micro_batch_size", 1)});
     }
     check_length_buckets(plan.token_budget, plan.length_buckets, source);
+    if (json.contains("tokens_per_step")) plan.tokens_per_step = r.integer("tokens_per_step", 0);
+  } else if (json.contains("tokens_per_step")) {
+    r.fail("tokens_per_step", "belongs to a token budget; give token_budget and length_buckets too");
   }
   if (json.contains("reasons")) {
     const auto& reasons = json["reasons"];

@@ -36,9 +36,11 @@ void print_plan(std::ostream& out, const Plan& p) {
   if (p.token_budget > 0) {
     // Its steps hold tokens, not a fixed count of samples: no global batch.
     out << fmt::format("plan: token budget {} padded tokens per micro-batch, micro-batches "
-                       "accumulated until a step holds the target tokens (--target-tokens, "
-                       "default the budget) x {} process(es); {}\n",
-                       p.token_budget, p.world_size, schedule);
+                       "accumulated until a step holds {} real tokens (--target-tokens) over {} "
+                       "process(es); {}\n",
+                       p.token_budget,
+                       p.tokens_per_step > 0 ? p.tokens_per_step : p.token_budget * p.world_size,
+                       p.world_size, schedule);
   } else {
     out << fmt::format("plan: micro-batch {} x {} accumulation x {} process(es) = global batch "
                        "{}; {}\n",

@@ -69,8 +69,10 @@ TokenSteps::TokenSteps(const TextDataset& data, Plan& plan, const TokenTrainOpti
   // (one for --batch-size), never more on account of their padding.
   group_size_ =
       fixed_ && options.target_tokens() == 0 ? std::max<int64_t>(1, plan.accumulation_steps) : 0;
-  target_tokens_ =
-      options.target_tokens() > 0 ? options.target_tokens() : group_size_ > 0 ? 0 : cap_;
+  target_tokens_ = options.target_tokens() > 0 ? options.target_tokens()
+                   : group_size_ > 0           ? 0
+                   : plan.tokens_per_step > 0  ? plan.tokens_per_step
+                                               : cap_;
   budget_ = fixed_ ? cap_ : budget_for(target_tokens_);
   if (!fixed_) {
     // The plan's buckets are checked against the plan's budget; micro-batches
@@ -92,7 +94,9 @@ AdaptOptions TokenSteps::adapt_options() const {
                                   adapt.max_global_batch(), data_tokens));
   }
   if (adapt.max_global_batch() == 0) {
-    const int64_t start = options_.target_tokens() > 0 ? options_.target_tokens() : cap_;
+    const int64_t start = options_.target_tokens() > 0     ? options_.target_tokens()
+                          : start_plan_.tokens_per_step > 0 ? start_plan_.tokens_per_step
+                                                            : cap_;
     adapt.max_global_batch(std::max(
         start, std::min(checked_product(start, kDefaultAdaptGrowth).value_or(data_tokens),
                         data_tokens)));

@@ -26,6 +26,21 @@ std::vector<int64_t> sweep_grid(int64_t max_batch) {
   return grid;
 }
 
+std::vector<int64_t> sweep_order(int64_t max_batch, int64_t target_per_process) {
+  std::vector<int64_t> grid = sweep_grid(max_batch);
+  if (grid.empty()) return grid;
+  std::vector<int64_t> order{grid.back()};
+  grid.pop_back();
+  for (int64_t d = std::min(max_batch - 1, target_per_process);
+       d >= 1 && static_cast<int64_t>(order.size()) <= kTargetDivisors; --d) {
+    if (target_per_process % d != 0) continue;
+    order.push_back(d);
+    grid.erase(std::remove(grid.begin(), grid.end(), d), grid.end());
+  }
+  order.insert(order.end(), grid.begin(), grid.end());
+  return order;
+}
+
 SweepRow sweep_row(const TrialResult& trial) {
   SweepRow row;
   row.batch_size = trial.batch_size;

@@ -44,6 +44,7 @@ class TunePipeline {
   void take_the_largest();   // tune_sweep.cpp
   void plan();               // tune_plan.cpp
   void tune_loader_phase();  // tune_plan.cpp, inside the plan's
+  int64_t token_step(PlanRequest& planned) const;  // tune_plan.cpp, the plan's tokens
   void finish_monitor();     // tune_monitor.cpp
 
   // What the phases share (tune.cpp).

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "batchtune/data/dataset.h"
@@ -32,6 +33,7 @@ void TunePipeline::plan() {
   }
   PlanRequest planned = request;
   if (goodput_global_batch_ > 0) planned.target_batch = goodput_global_batch_;
+  const int64_t tokens_per_step = r.tokens ? token_step(planned) : 0;
   Plan plan = subject_.plan(planned, micro, amp, memory_);
   if (goodput_global_batch_ > 0) {
     plan.set_reason(PlanField::kGlobalBatch,
@@ -55,6 +57,7 @@ void TunePipeline::plan() {
   if (r.tokens) {
     plan.token_budget = r.tokens->token_budget;
     plan.length_buckets = r.tokens->buckets;
+    plan.tokens_per_step = tokens_per_step;
     plan.set_reason(PlanField::kTokenBudget, r.tokens->reason);
   }
   // The micro-batch this rank's plan took (a smaller one may reach the
@@ -73,6 +76,28 @@ void TunePipeline::plan() {
   budget_.begin_phase(0);  // the plan's own seconds, not the loader's again
   reporter_.phase_started(TunePhase::kPlan, "the plan");
   end_phase(TunePhase::kPlan);
+}
+
+/// A token budget: the real tokens of an optimizer step over every process
+/// (the target batch at the data's mean length, else one budget a process),
+/// and, where the mean length is known, `planned` made to aim at the samples
+/// such a step holds on average, so that the lr is scaled to them.
+int64_t TunePipeline::token_step(PlanRequest& planned) const {
+  const int64_t budget = result_.tokens->token_budget;
+  const std::optional<double> mean = planned.mean_length;
+  if (!mean || !(*mean > 0)) return budget * planned.world_size;
+  const bool asked = planned.target_batch.has_value();
+  const int64_t tokens =
+      asked ? std::max<int64_t>(1, std::llround(static_cast<double>(*planned.target_batch) * *mean))
+            : budget * planned.world_size;
+  const int64_t samples = std::max<int64_t>(1, std::llround(static_cast<double>(tokens) / *mean));
+  planned.target_batch = samples;
+  planned.sources[Option::kTargetBatch] =
+      asked ? fmt::format("{} ({} tokens a step at the data's mean length {:.1f})",
+                          option_name(Option::kTargetBatch, planned.front_end), tokens, *mean)
+            : fmt::format("{} tokens a step ({} a process) / the data's mean length {:.1f} =",
+                          tokens, budget, *mean);
+  return tokens;
 }
 
 /// The worker count for the plan, timed on the training data at the

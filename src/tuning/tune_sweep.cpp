@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "batchtune/data/dataset.h"
+#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/monitoring/sampler.h"
 #include "tune_objectives.h"
@@ -17,10 +18,14 @@ namespace batchtune {
 
 void TunePipeline::sweep() {
   const double seconds = budget_.begin_phase(kSweepBudgetShare);
-  std::vector<int64_t> grid = sweep_grid(result_.search.max_batch_size);
-  // The largest size first: when the budget runs out, the sizes left out
-  // are small ones, which throughput rarely favours.
-  std::rotate(grid.rbegin(), grid.rbegin() + 1, grid.rend());
+  // A target batch: the divisors a plan may reach it with are timed early.
+  const PlanRequest& request = options_.plan();
+  const int64_t world = options_.data_parallel() != nullptr && options_.data_parallel()->distributed()
+                            ? options_.data_parallel()->world_size()
+                            : request.world_size;
+  const int64_t target = request.target_batch.value_or(0);
+  const std::vector<int64_t> grid = sweep_order(
+      result_.search.max_batch_size, target > 0 && target % world == 0 ? target / world : 0);
   reporter_.phase_started(TunePhase::kSweep,
                           fmt::format("timing {} batch sizes up to {} (at most {:.0f} s)",
                                       grid.size(), result_.search.max_batch_size, seconds));

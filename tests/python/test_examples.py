@@ -43,3 +43,29 @@ def test_readme_snippet_is_the_example():
         if line.strip():
             assert line in lines, f"README line not in from_python.py: {line!r}"
     assert "else 60\n" in example
+
+
+def readme_snippet(heading: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index(heading):]
+    snippet = section[section.index("```python\n") + len("```python\n"):]
+    return snippet[:snippet.index("```")]
+
+
+def test_text_lengths_example_trains_an_epoch_by_the_token_budget_as_the_readme_shows(tmp_path):
+    """README "Text of varying length": every line of its snippet is a line of
+    examples/python/text_lengths.py, which tunes by the lengths and trains an
+    epoch with no out-of-memory."""
+    example = ROOT / "examples" / "python" / "text_lengths.py"
+    lines = set(example.read_text().splitlines())
+    for line in readme_snippet("### Text of varying length").splitlines():
+        if line.strip():
+            assert line in lines, f"README line not in text_lengths.py: {line!r}"
+    done = subprocess.run([sys.executable, str(example)], cwd=tmp_path, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    budget = int(re.search(r"token budget: (\d+) padded tokens", out).group(1))
+    assert budget > 0
+    assert int(re.search(r"trained (\d+) steps", out).group(1)) > 0
+    assert re.search(r"out-of-memory recoveries: 0$", out, re.M), out

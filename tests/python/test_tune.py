@@ -436,3 +436,23 @@ def test_tune_plans_for_the_world_size_it_is_given():
     assert plan.global_batch_size == plan.micro_batch_size * plan.accumulation_steps * 2 == 64
     assert any("target_batch 64" in x and "on each of 2 processes" in x for x in plan.reasons), \
         plan.reasons
+
+
+def test_the_sweep_times_the_divisors_a_target_batch_needs():
+    """target_batch 30 over a largest batch of 7: 6, 5 and 3, which reach 30
+    exactly and are not on the powers-of-two grid (1, 2, 4, 7), are timed
+    too, so the plan decides by their measured speed, not by sizes never
+    timed (the integrations' 5 x 6 = 30 for a target of 32)."""
+    model = small_convnet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    r = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 8, 8)),
+                       memory_limit="32MiB", amp="off", max_batch=7, base_lr=0.1, base_batch=30,
+                       target_batch=30, time_budget=20)
+    timed = {row.batch_size for row in r.sweep}
+    assert {7, 6, 5, 3} <= timed, timed
+    plan = r.plan
+    if plan.global_batch_size == 30:
+        assert plan.micro_batch_size * plan.accumulation_steps == 30
+    else:  # the divisors measured slower than the tolerance allows: the reason says so
+        assert any("no micro-batch within the speed tolerance" in x for x in plan.reasons), \
+            plan.reasons

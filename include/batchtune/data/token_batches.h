@@ -55,6 +55,19 @@ class LengthBucketSampler {
   int64_t longest_ = 0;
 };
 
+/// The mean of `lengths` (tokens per sample); 0 for none.
+double mean_length(const std::vector<int64_t>& lengths);
+
+/// The optimizer steps of an epoch of token-budget micro-batches dealt to
+/// `ranks` processes in turn (micro-batch i to rank i % ranks): a step takes
+/// whole rounds, one micro-batch a rank, until their real tokens over every
+/// rank reach `target_tokens`; the last step takes what is left. The rounds
+/// of each step, the same on every rank, so that the ranks step together.
+/// Needs `batches` a whole number of rounds; throws `batchtune::Error`
+/// otherwise or for `target_tokens` or `ranks` below 1.
+std::vector<int64_t> steps_by_tokens(const std::vector<TokenBatch>& batches, int64_t target_tokens,
+                                     int64_t ranks);
+
 /// Fixed batches of `batch_size` samples in a shuffled order, each padded to
 /// `pad_to` tokens: the baseline a token budget is compared against.
 std::vector<TokenBatch> fixed_batches(const std::vector<int64_t>& lengths, int64_t batch_size,

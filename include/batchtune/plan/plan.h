@@ -113,6 +113,11 @@ struct Plan {
   /// With a token budget: the buckets by length, shortest first, each with
   /// the micro-batch that fits at its bound. JSON `length_buckets`.
   std::vector<LengthBucket> length_buckets;
+  /// With a token budget: real tokens per optimizer step over every
+  /// process, reached by accumulating micro-batches (the budget on each
+  /// process by default). JSON `tokens_per_step`, written with the budget;
+  /// 0 in a plan file that has none (then the budget on each process).
+  int64_t tokens_per_step = 0;
   /// Forward-only batch for evaluation (no gradients, no optimizer step):
   /// found by a forward-only search; 0 when none was (evaluation then runs
   /// at the micro-batch). JSON `eval_micro_batch_size`.

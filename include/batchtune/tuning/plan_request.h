@@ -44,6 +44,12 @@ struct PlanRequest {
   /// for a tune over a trial subject without a `Workload` (the Python
   /// package's); a workload's plan takes the workload's own.
   std::optional<std::string> optimizer;
+  /// Sequences of varying length: the training data's mean sample length
+  /// (tokens). A token-budget plan then scales its lr to the samples a step
+  /// of `Plan::tokens_per_step` holds on average, and a `target_batch`
+  /// (samples) sets the tokens per step; empty: the lr belongs to the
+  /// micro-batch at the longest length.
+  std::optional<double> mean_length;
   /// Who asked: the plan's reasons name options as this front end does.
   /// `resolve` sets it from `TuneOptions::front_end`.
   FrontEnd front_end = FrontEnd::kCli;

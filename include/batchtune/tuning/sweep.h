@@ -69,6 +69,18 @@ struct SweepRow {
 /// `max_batch` itself.
 std::vector<int64_t> sweep_grid(int64_t max_batch);
 
+/// Divisors of a target batch timed at most, beside the grid: the largest
+/// ones a plan may take to reach the target exactly.
+constexpr int64_t kTargetDivisors = 3;
+
+/// The sweep's sizes in the order they are timed: the largest first (when
+/// the budget runs out, the sizes left out are small ones, which throughput
+/// rarely favours); with a target batch of `target_per_process` samples a
+/// process, then the largest `kTargetDivisors` divisors of it up to
+/// `max_batch`, so that a plan that reaches the target exactly with a smaller
+/// micro-batch knows what it costs; then the rest of `sweep_grid`.
+std::vector<int64_t> sweep_order(int64_t max_batch, int64_t target_per_process = 0);
+
 /// A sweep row from a trial that fitted.
 SweepRow sweep_row(const TrialResult& trial);
 
