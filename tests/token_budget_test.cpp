@@ -284,6 +284,29 @@ TEST(TokenBudget, TheLrBelongsToTheSamplesAStepHoldsAtTheDataMeanLength) {
   EXPECT_EQ(t.plan->tokens_per_step, 320);
 }
 
+TEST(TokenBatches, BucketsAreCutAtTheDataQuantilesWithinTheBudget) {
+  const std::vector<LengthBucket> plan{{16, 64}, {32, 32}, {64, 16}};
+  // Most samples between 17 and 32: quantile bounds fall there.
+  std::vector<int64_t> lengths;
+  for (int64_t l = 17; l <= 32; ++l) lengths.insert(lengths.end(), 4, l);
+  lengths.push_back(64);
+  const auto buckets = buckets_for_lengths(plan, 1024, lengths, 4);
+  std::vector<int64_t> bounds;
+  for (const auto& b : buckets) bounds.push_back(b.max_length);
+  EXPECT_EQ(bounds, (std::vector<int64_t>{16, 21, 25, 29, 32, 64}));
+  for (const auto& b : buckets) EXPECT_LE(b.micro_batch_size * b.max_length, 1024) << b.max_length;
+  EXPECT_EQ(buckets[1].micro_batch_size, 48) << "the budget's 1024 / 21, below the 64 at 16";
+  EXPECT_EQ(buckets.back().micro_batch_size, 16) << "the plan's own buckets stay";
+  // The micro-batches a sampler cuts by them pad less than by the plan's.
+  const auto padded = [&](const std::vector<LengthBucket>& bs) {
+    int64_t p = 0;
+    for (const auto& b : LengthBucketSampler(lengths, bs, 1024, 0).epoch(0)) p += b.padded_tokens;
+    return p;
+  };
+  EXPECT_LT(padded(buckets), padded(plan));
+  EXPECT_EQ(buckets_for_lengths(plan, 1024, {}, 4).size(), plan.size());
+}
+
 TEST(TokenSteps, StepsTakeWholeRoundsUntilTheirRealTokensReachTheTarget) {
   const auto batch = [](int64_t tokens) { return TokenBatch{{0}, tokens, tokens}; };
   // One rank: 60 + 50 reach 100; 30 + 30 + 40; 10 is what is left.

@@ -19,8 +19,9 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
     """A batch sampler (`DataLoader(dataset, batch_sampler=sampler, ...)`)
     whose every micro-batch holds at most the plan's `token_budget` padded
     tokens (len(batch) × its longest sample): the short samples packed many
-    to a micro-batch, the long ones few, each in the length bucket of the
-    plan. Every index comes exactly once an epoch; `set_epoch(e)` reshuffles
+    to a micro-batch, the long ones few, each in a length bucket — the
+    plan's, cut finer at the data's own length quantiles (`buckets`), so
+    that a micro-batch pads little. Every index comes exactly once an epoch; `set_epoch(e)` reshuffles
     (seeded by `seed` and the epoch).
 
     Under `torch.distributed` (or given `num_replicas` and `rank`) the
@@ -77,9 +78,13 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
         self.tokens_per_step = _whole("tokens_per_step", tokens_per_step, 1) \
             if tokens_per_step is not None else \
             (plan.tokens_per_step or plan.token_budget * self.num_replicas)
-        self._core = _core.LengthBucketSampler(
-            self.lengths, [(b["max_length"], b["micro_batch_size"]) for b in plan.length_buckets],
-            plan.token_budget, self.seed)
+        # The plan's buckets cut at the data's own length quantiles: a
+        # micro-batch pads to a length near its samples' own.
+        self.buckets = _core.buckets_for_lengths(
+            [(b["max_length"], b["micro_batch_size"]) for b in plan.length_buckets],
+            plan.token_budget, self.lengths)
+        self._core = _core.LengthBucketSampler(self.lengths, self.buckets, plan.token_budget,
+                                               self.seed)
         self.epoch = 0
         self._cut: Optional[tuple] = None  # (epoch, rounds, steps)
 

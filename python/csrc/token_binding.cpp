@@ -67,6 +67,21 @@ void bind_tokens(py::module_& m) {
       "The rounds of micro-batches (one a rank) of each optimizer step: whole rounds until "
       "their real tokens over every rank reach target_tokens.");
   m.def("mean_length", &mean_length, py::arg("lengths"));
+  m.def(
+      "buckets_for_lengths",
+      [](const std::vector<std::pair<int64_t, int64_t>>& buckets, int64_t token_budget,
+         const std::vector<int64_t>& lengths) {
+        std::vector<LengthBucket> bs;
+        for (const auto& [bound, micro] : buckets) bs.push_back({bound, micro});
+        std::vector<std::pair<int64_t, int64_t>> out;
+        for (const LengthBucket& b : buckets_for_lengths(bs, token_budget, lengths)) {
+          out.emplace_back(b.max_length, b.micro_batch_size);
+        }
+        return out;
+      },
+      py::arg("buckets"), py::arg("token_budget"), py::arg("lengths"),
+      "The plan's buckets cut finer at the data's own length quantiles: [(max_length, "
+      "micro_batch_size)].");
 }
 
 }  // namespace batchtune::python

@@ -75,6 +75,35 @@ std::vector<TokenBatch> LengthBucketSampler::batches(const std::vector<int64_t>&
   return out;
 }
 
+std::vector<LengthBucket> buckets_for_lengths(const std::vector<LengthBucket>& buckets,
+                                              int64_t token_budget,
+                                              const std::vector<int64_t>& lengths,
+                                              int64_t parts) {
+  check_length_buckets(token_budget, buckets, "length buckets");
+  std::vector<int64_t> sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<LengthBucket> out;
+  size_t next = 0;  // the plan's first bucket not yet passed
+  const auto add_until = [&](int64_t bound) {
+    while (next < buckets.size() && buckets[next].max_length <= bound) {
+      if (out.empty() || out.back().max_length < buckets[next].max_length) {
+        out.push_back(buckets[next]);
+      }
+      ++next;
+    }
+  };
+  for (int64_t k = 1; k < parts && !sorted.empty(); ++k) {
+    const int64_t bound = sorted[static_cast<size_t>(
+        (k * static_cast<int64_t>(sorted.size()) - 1) / parts)];
+    add_until(bound);
+    if (next == buckets.size() || (!out.empty() && out.back().max_length >= bound)) continue;
+    const int64_t below = out.empty() ? buckets.front().micro_batch_size : out.back().micro_batch_size;
+    out.push_back({bound, std::max<int64_t>(1, std::min(token_budget / bound, below))});
+  }
+  add_until(buckets.back().max_length);
+  return out;
+}
+
 double mean_length(const std::vector<int64_t>& lengths) {
   if (lengths.empty()) return 0;
   const double sum = std::accumulate(lengths.begin(), lengths.end(), 0.0,

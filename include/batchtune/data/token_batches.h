@@ -55,6 +55,21 @@ class LengthBucketSampler {
   int64_t longest_ = 0;
 };
 
+/// Length buckets cut at the data's own quantiles beside the plan's bounds.
+constexpr int64_t kLengthQuantiles = 16;
+
+/// The plan's `buckets` cut finer at the data's own lengths: a bound added
+/// at each `parts`-quantile of `lengths` (each new bucket about 1/`parts` of
+/// the samples), so that a micro-batch pads its samples to a length near
+/// their own, as grouping by length does, while the plan's bounds and
+/// micro-batches stay. A new bound's micro-batch is what `token_budget`
+/// holds there, at most that of the plan's bucket below it (fewer samples
+/// fit a longer length).
+std::vector<LengthBucket> buckets_for_lengths(const std::vector<LengthBucket>& buckets,
+                                              int64_t token_budget,
+                                              const std::vector<int64_t>& lengths,
+                                              int64_t parts = kLengthQuantiles);
+
 /// The mean of `lengths` (tokens per sample); 0 for none.
 double mean_length(const std::vector<int64_t>& lengths);
 
