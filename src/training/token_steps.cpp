@@ -77,7 +77,10 @@ TokenSteps::TokenSteps(const TextDataset& data, Plan& plan, const TokenTrainOpti
   if (!fixed_) {
     // The plan's buckets are checked against the plan's budget; micro-batches
     // are then filled to the step's.
-    sampler_.emplace(lengths_, plan.length_buckets, cap_, run.seed());
+    // The plan's buckets cut at the data's own length quantiles, as
+    // Python's TokenBudgetSampler cuts them: a micro-batch pads little.
+    sampler_.emplace(lengths_, buckets_for_lengths(plan.length_buckets, cap_, lengths_), cap_,
+                     run.seed());
     sampler_->set_token_budget(budget_);
   }
   if (run.adapt()) adapt_options();  // its limit checked before the first step
