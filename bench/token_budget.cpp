@@ -85,10 +85,9 @@ int main(int argc, char** argv) {
   plan.micro_batch_size = search.max_batch_size;
   plan.lr = 1e-3;
 
-  // One micro-batch per optimizer step in both, so the steps differ only in
-  // how their micro-batches are made.
-  const TokenTrainOptions common =
-      TokenTrainOptions().run(TrainOptions().epochs(epochs).seed(1)).target_tokens(1);
+  // Steps of one budget of real tokens (the plan's default), fixed batches
+  // one a step: the steps differ in how their micro-batches are made.
+  const TokenTrainOptions common = TokenTrainOptions().run(TrainOptions().epochs(epochs).seed(1));
   const TrainSummary by_tokens = train_by_tokens(workload, *memory, plan, text, common);
   const TrainSummary fixed =
       train_by_tokens(workload, *memory, plan, text,
