@@ -120,3 +120,15 @@ def dataset_lengths(dataset: Any, key: str = "input_ids", source: str = "train_d
                                   "sample)")
             lengths.append(n)
     return lengths
+
+
+def resolve_lengths(lengths: Any, dataset: Any) -> Any:
+    """`lengths` as `tune` takes it, "auto" read from `dataset` (every
+    sample's `input_ids`)."""
+    if isinstance(lengths, str):
+        if lengths != "auto":
+            raise _core.Error(f"lengths: '{lengths}' is not \"auto\"; give \"auto\" (the train_dataset's "
+                              "input_ids), the samples' lengths (a list of ints) or a (shortest, "
+                              "longest) tuple")
+        return dataset_lengths(dataset)
+    return lengths
