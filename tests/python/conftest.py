@@ -108,3 +108,20 @@ def assert_bit_identical(a, b, path="state"):
         assert isinstance(b, float) and math.isnan(b), path
     else:
         assert a == b, f"{path}: {a!r} vs {b!r}"
+
+
+def ragged_corpus(n, longest, vocab, mean=24, shortest=8, seed=0):
+    """Sequences of varying length as text has them (lengths drawn
+    exponential around `mean`, most short, a few long; the first at the
+    longest): (lengths, samples), each sample {"input_ids", "labels"}."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = [min(longest, max(shortest, int(rng.expovariate(1 / mean)))) for _ in range(n)]
+    lengths[0] = longest
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for length in lengths:
+        ids = torch.randint(0, vocab, (length,), generator=g)
+        samples.append({"input_ids": ids, "labels": ids.clone()})
+    return lengths, samples

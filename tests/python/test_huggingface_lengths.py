@@ -5,13 +5,13 @@ emulated limit), its accumulated steps weighted by tokens; ragged data with
 the default collator is refused in one line naming data_collator."""
 import dataclasses
 import math
-import random
 
 import pytest
 import torch
 
 import batchtune
 
+from conftest import ragged_corpus
 from guide_examples import guide_example, run_as_written
 
 transformers = pytest.importorskip("transformers")
@@ -48,14 +48,7 @@ class Recorded(torch.utils.data.Dataset):
 
 def ragged(n=100, seed=0):
     """Lengths skewed short, as text is; the first at the longest."""
-    rng = random.Random(seed)
-    lengths = [min(LONGEST, max(8, int(rng.expovariate(1 / 32)))) for _ in range(n)]
-    lengths[0] = LONGEST
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for length in lengths:
-        ids = torch.randint(0, VOCAB, (length,), generator=g)
-        samples.append({"input_ids": ids, "labels": ids.clone()})
+    lengths, samples = ragged_corpus(n, LONGEST, VOCAB, mean=32, seed=seed)
     return lengths, Recorded(samples)
 
 

@@ -3,12 +3,13 @@ core's length phase over the user's own model, the plan carries a token
 budget, `TokenBudgetSampler` cuts epochs by it, and an epoch trained by it
 under the emulated limit runs out of memory nowhere."""
 import json
-import random
 
 import pytest
 import torch
 
 import batchtune
+
+from conftest import ragged_corpus
 
 
 class TinyLM(torch.nn.Module):
@@ -51,22 +52,10 @@ def make_lm_batch(vocab=50):
     return make_batch
 
 
-def corpus(n=240, shortest=8, longest=96, seed=0):
-    """Lengths skewed short, as text is: most samples short, a few long."""
-    rng = random.Random(seed)
-    lengths = [min(longest, max(shortest, int(rng.expovariate(1 / 24)))) for _ in range(n)]
-    lengths[0] = longest
-    rng2 = torch.Generator().manual_seed(seed)
-    samples = [{"input_ids": torch.randint(0, 50, (l,), generator=rng2)} for l in lengths]
-    for s in samples:
-        s["labels"] = s["input_ids"].clone()
-    return lengths, samples
-
-
 @pytest.fixture(scope="module")
 def tuned():
     torch.manual_seed(0)
-    lengths, samples = corpus()
+    lengths, samples = ragged_corpus(240, 96, 50)
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     seen = []

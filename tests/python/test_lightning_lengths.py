@@ -5,7 +5,6 @@ out-of-memory under the emulated limit); under DDP each rank its share, the
 ranks' losses weighted by their tokens."""
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import batchtune
 pl = pytest.importorskip("lightning.pytorch")
 from batchtune.lightning import BatchTune  # noqa: E402
 from batchtune._lightning_tokens import ItemWeights, LongestCut, TokenBatches  # noqa: E402
+from conftest import ragged_corpus  # noqa: E402
 from guide_examples import guide_example, run_as_written  # noqa: E402
 
 LIMIT = "16MiB"
@@ -78,15 +78,11 @@ class LM(pl.LightningModule):
 
 
 def ragged(n=100, seed=0):
-    """Lengths skewed short, as text is; the first at the longest."""
-    rng = random.Random(seed)
-    lengths = [min(LONGEST, max(8, int(rng.expovariate(1 / 24)))) for _ in range(n)]
-    lengths[0] = LONGEST
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for i, length in enumerate(lengths):
-        ids = torch.randint(0, VOCAB, (length,), generator=g)
-        samples.append({"input_ids": ids, "labels": ids.clone(), "index": i})
+    """Lengths skewed short, as text is; the first at the longest; each
+    sample knows its index."""
+    lengths, samples = ragged_corpus(n, LONGEST, VOCAB, seed=seed)
+    for i, sample in enumerate(samples):
+        sample["index"] = i
     return lengths, samples
 
 
