@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "batchtune/common/interrupt.h"
+#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/tuning/energy.h"
@@ -100,6 +101,13 @@ void TunePipeline::note_budget_overrun() {
         elapsed, r.time_budget_s, to_string(longest->first), longest->second,
         name(Option::kTimeBudget));
   }
+}
+
+int64_t TunePipeline::planned_world_size() const {
+  // Several processes tuning together plan for their group; one process
+  // plans for the world size it was asked for.
+  const DataParallel* dp = options_.data_parallel();
+  return dp != nullptr && dp->distributed() ? dp->world_size() : options_.plan().world_size;
 }
 
 void TunePipeline::check_stop() {

@@ -50,6 +50,8 @@ class TunePipeline {
   // What the phases share (tune.cpp).
   /// `option` as the caller's front end names it.
   std::string name(Option option) const { return option_name(option, options_.front_end()); }
+  /// The processes the plan is for: the tuning group's, else the request's.
+  int64_t planned_world_size() const;
   /// Throws (caught in `run`) when the stop request says so.
   void check_stop();
   /// The runner at `amp`, timing its steps on the tune's clock.

@@ -19,11 +19,7 @@ void TunePipeline::plan() {
   PlanRequest request = options_.plan();
   request.micro_batch_size.reset();
   request.plan_file.clear();
-  // Several processes tuning together plan for their group; one process
-  // plans for the world size it was asked for.
-  if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
-    request.world_size = options_.data_parallel()->world_size();
-  }
+  request.world_size = planned_world_size();
   const std::string micro_reason = micro_batch_reason(
       r.selection.batch_size, r.selection.reason, own_max_batch_, r.search.max_batch_size);
   const AmpChoice amp{r.amp, r.amp_reason};

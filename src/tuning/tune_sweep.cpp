@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "batchtune/data/dataset.h"
-#include "batchtune/distributed/data_parallel.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/monitoring/sampler.h"
 #include "tune_objectives.h"
@@ -19,11 +18,8 @@ namespace batchtune {
 void TunePipeline::sweep() {
   const double seconds = budget_.begin_phase(kSweepBudgetShare);
   // A target batch: the divisors a plan may reach it with are timed early.
-  const PlanRequest& request = options_.plan();
-  const int64_t world = options_.data_parallel() != nullptr && options_.data_parallel()->distributed()
-                            ? options_.data_parallel()->world_size()
-                            : request.world_size;
-  const int64_t target = request.target_batch.value_or(0);
+  const int64_t world = planned_world_size();
+  const int64_t target = options_.plan().target_batch.value_or(0);
   const std::vector<int64_t> grid = sweep_order(
       result_.search.max_batch_size, target > 0 && target % world == 0 ? target / world : 0);
   reporter_.phase_started(TunePhase::kSweep,
