@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
 
-from . import _core, _distributed
+from . import _checks, _core, _distributed
 from ._lengths import parse_lengths
 from .plan import Plan
 
@@ -65,9 +65,9 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
                 raise TypeError(f"{name}: must be True or False, got {flag!r}")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise TypeError(f"seed: must be a whole number of 0 or more, got {seed!r}")
-        self.num_replicas = _whole("num_replicas", num_replicas, 1) if num_replicas is not None \
+        self.num_replicas = _checks.integer("num_replicas", num_replicas, 1) if num_replicas is not None \
             else _distributed.world_size()
-        self.rank = _whole("rank", rank, 0) if rank is not None else _distributed.rank()
+        self.rank = _checks.integer("rank", rank, 0) if rank is not None else _distributed.rank()
         if self.rank >= self.num_replicas:
             raise _core.Error(f"rank: must be below num_replicas ({self.num_replicas}), got {self.rank}")
         self.lengths = seqs.samples
@@ -75,7 +75,7 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
-        self.tokens_per_step = _whole("tokens_per_step", tokens_per_step, 1) \
+        self.tokens_per_step = _checks.integer("tokens_per_step", tokens_per_step, 1) \
             if tokens_per_step is not None else \
             (plan.tokens_per_step or plan.token_budget * self.num_replicas)
         # The plan's buckets cut at the data's own length quantiles: a
@@ -89,7 +89,7 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
         self._cut: Optional[tuple] = None  # (epoch, rounds, steps)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = _whole("epoch", epoch, 0)
+        self.epoch = _checks.integer("epoch", epoch, 0)
 
     def _epoch_cut(self):
         """This epoch's rounds (one micro-batch a rank: (indices, tokens,
@@ -155,14 +155,6 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
                                       "give it this sampler as batch_sampler and call set_epoch "
                                       "on the sampler only") from None
             yield step
-
-
-def _whole(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: must be a whole number, got {value!r}")
-    if value < minimum:
-        raise _core.Error(f"{name}: must be at least {minimum}, got {value}")
-    return int(value)
 
 
 class PadCollate:
