@@ -65,11 +65,12 @@ class TokenBudgetSampler(torch.utils.data.Sampler):
                 raise TypeError(f"{name}: must be True or False, got {flag!r}")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise TypeError(f"seed: must be a whole number of 0 or more, got {seed!r}")
-        self.num_replicas = _checks.integer("num_replicas", num_replicas, 1) if num_replicas is not None \
-            else _distributed.world_size()
+        self.num_replicas = (_checks.integer("num_replicas", num_replicas, 1)
+                             if num_replicas is not None else _distributed.world_size())
         self.rank = _checks.integer("rank", rank, 0) if rank is not None else _distributed.rank()
         if self.rank >= self.num_replicas:
-            raise _core.Error(f"rank: must be below num_replicas ({self.num_replicas}), got {self.rank}")
+            raise _core.Error(f"rank: must be below num_replicas ({self.num_replicas}), "
+                              f"got {self.rank}")
         self.lengths = seqs.samples
         self.plan = plan
         self.shuffle = shuffle
