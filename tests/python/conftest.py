@@ -125,3 +125,19 @@ def ragged_corpus(n, longest, vocab, mean=24, shortest=8, seed=0):
         ids = torch.randint(0, vocab, (length,), generator=g)
         samples.append({"input_ids": ids, "labels": ids.clone()})
     return lengths, samples
+
+
+def exit_distributed_job() -> None:
+    """Ends a job run under torchrun once its results are written and its
+    ranks have met: without the interpreter's finalization. A Gloo group that
+    a DistributedDataParallel model used outlives `destroy_process_group`
+    (its worker threads run until the process ends), and a worker still
+    releasing a collective's Python tensor while the interpreter finalizes
+    aborts the rank ("terminate called without an active exception",
+    SIGABRT; seen under load in CI; pytorch/pytorch#190489)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -10,7 +10,8 @@ import torch.distributed as dist
 import batchtune
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import classify_loss, image_batch, small_convnet  # noqa: E402
+from conftest import (classify_loss, exit_distributed_job, image_batch,  # noqa: E402
+                      small_convnet)
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -30,11 +31,4 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
 # Gloo pairs under the other, which then aborts in its shutdown.
 dist.barrier()
 dist.destroy_process_group()
-# What the test checks is written and closed above. Exit without the
-# interpreter's finalization: there torch's Gloo worker threads can still
-# drop objects that need the GIL, and under load one rank aborted there
-# ("terminate called without an active exception", SIGABRT; CI of
-# 2026-12-06; pytorch/pytorch#179291 describes the same teardown).
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+exit_distributed_job()

@@ -11,6 +11,7 @@ import torch
 from batchtune.lightning import BatchTune
 
 sys.path.insert(0, os.path.dirname(__file__))
+from conftest import exit_distributed_job  # noqa: E402
 from test_lightning_adapt import LIMIT, Module, Record, StepClock, _data  # noqa: E402
 
 rank = int(os.environ["RANK"])
@@ -30,3 +31,4 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
                "plan": tuner.plan.to_dict(),
                "weights": [p.detach().flatten().tolist()[:8] for p in module.parameters()]}, f)
 trainer.strategy.barrier()
+exit_distributed_job()

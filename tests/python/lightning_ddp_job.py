@@ -11,6 +11,7 @@ import batchtune
 from batchtune.lightning import BatchTune
 
 sys.path.insert(0, os.path.dirname(__file__))
+from conftest import exit_distributed_job  # noqa: E402
 from test_lightning import Module, image_data  # noqa: E402
 
 rank = int(os.environ["RANK"])
@@ -29,3 +30,4 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
                "accumulate_grad_batches": trainer.accumulate_grad_batches,
                "global_step": trainer.global_step}, f)
 trainer.strategy.barrier()
+exit_distributed_job()

@@ -11,6 +11,7 @@ import torch
 from batchtune.lightning import BatchTune
 
 sys.path.insert(0, os.path.dirname(__file__))
+from conftest import exit_distributed_job  # noqa: E402
 from test_lightning_lengths import LM, label_tokens, ragged  # noqa: E402
 
 out = sys.argv[1]
@@ -33,3 +34,4 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
                "accumulate_grad_batches": trainer.accumulate_grad_batches,
                "global_step": trainer.global_step}, f)
 trainer.strategy.barrier()
+exit_distributed_job()

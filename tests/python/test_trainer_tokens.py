@@ -300,8 +300,12 @@ def _ddp_job(out: Path) -> None:
     trainer.step(_collate(sequences[4 * rank:4 * rank + 4]))
     grads["batch"] = trainer.grads[0]
     torch.save(grads, out / f"rank{rank}.pt")
+    dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    from conftest import exit_distributed_job
+
     _ddp_job(Path(sys.argv[1]))
+    exit_distributed_job()
