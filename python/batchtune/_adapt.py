@@ -117,10 +117,12 @@ class Adaptation:
             self._pending.append((small, small_sq, big, big_sq, 1.0))
 
     def measure(self, small: int, small_sq: torch.Tensor, big: int, big_sq: torch.Tensor,
-                scale: float, world: int) -> None:
-        """Queues one measurement: gradient norms are those of the batch
-        over all ranks when DDP has averaged them (`world` > 1)."""
-        self._pending.append((small * world, small_sq, big * world, big_sq, scale))
+                scale: Any) -> None:
+        """Queues one measurement: the squared norms of the mean gradients
+        over `small` and over `big` samples (under DDP `big` counts every
+        rank's, as the averaged gradient does), both scaled by `scale` (a
+        loss scale, or 1.0)."""
+        self._pending.append((small, small_sq, big, big_sq, scale))
 
     def _flush(self) -> None:
         if not self._pending:

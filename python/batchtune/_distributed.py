@@ -36,16 +36,31 @@ def rank(group: Optional[Any] = None) -> int:
     return 0
 
 
-def _collective_device(group: Optional[Any]) -> torch.device:
+def collective_device(group: Optional[Any] = None,
+                      device: Optional[torch.device] = None) -> torch.device:
+    """Where a collective's tensors live: the CPU for Gloo; for NCCL the GPU
+    the group is bound to (`init_process_group(device_id=...)`), else the
+    model's (`device`), else the current one. A torchrun user who moved the
+    model to cuda:LOCAL_RANK without `set_device` keeps every rank on its
+    own GPU."""
     import torch.distributed as dist
 
     backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if "nccl" not in backend or not torch.cuda.is_available():
+        return torch.device("cpu")
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    bound = getattr(pg, "bound_device_id", None)
+    if bound is not None:
+        return torch.device(bound)
+    if device is not None and torch.device(device).type == "cuda":
+        device = torch.device(device)
+        return torch.device("cuda", device.index if device.index is not None
+                            else torch.cuda.current_device())
+    return torch.device("cuda", torch.cuda.current_device())
 
 
-def _all_reduce(value: Any, op: str, dtype: torch.dtype, group: Optional[Any]) -> Any:
+def _all_reduce(value: Any, op: str, dtype: torch.dtype, group: Optional[Any],
+                device: Optional[torch.device] = None) -> Any:
     """`value` reduced over the ranks by `op` ("MIN", "SUM") as one tensor of
     `dtype`, outside an emulated device's budget."""
     import torch.distributed as dist
@@ -55,21 +70,24 @@ def _all_reduce(value: Any, op: str, dtype: torch.dtype, group: Optional[Any]) -
     from . import _core
 
     with _core.uncounted():
-        t = torch.tensor([value], dtype=dtype, device=_collective_device(group))
+        t = torch.tensor([value], dtype=dtype, device=collective_device(group, device))
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=group)
         return t.item()
 
 
-def all_min(value: int, group: Optional[Any] = None) -> int:
-    return int(_all_reduce(value, "MIN", torch.int64, group))
+def all_min(value: int, group: Optional[Any] = None,
+            device: Optional[torch.device] = None) -> int:
+    return int(_all_reduce(value, "MIN", torch.int64, group, device))
 
 
-def all_sum(value: float, group: Optional[Any] = None) -> float:
+def all_sum(value: float, group: Optional[Any] = None,
+            device: Optional[torch.device] = None) -> float:
     """`value` summed over the ranks (float64: counts exact up to 2**53)."""
-    return float(_all_reduce(value, "SUM", torch.float64, group))
+    return float(_all_reduce(value, "SUM", torch.float64, group, device))
 
 
-def any_rank(flag: bool, group: Optional[Any] = None) -> bool:
+def any_rank(flag: bool, group: Optional[Any] = None,
+             device: Optional[torch.device] = None) -> bool:
     """Whether `flag` is true on any rank."""
     import torch.distributed as dist
 
@@ -78,7 +96,8 @@ def any_rank(flag: bool, group: Optional[Any] = None) -> bool:
     from . import _core
 
     with _core.uncounted():
-        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=_collective_device(group))
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64,
+                         device=collective_device(group, device))
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         return bool(t.item())
 
@@ -95,7 +114,7 @@ def broadcast_object(obj: Any, group: Optional[Any] = None) -> Any:
     box = [obj]
     with _core.uncounted():
         dist.broadcast_object_list(box, src=src, group=group,
-                                   device=_collective_device(group))
+                                   device=collective_device(group))
     return box[0]
 
 
@@ -103,10 +122,10 @@ class TorchCommunicator(_core.Communicator):
     """The C++ `Communicator` over torch.distributed: the library's
     collectives run on the user's own process group."""
 
-    def __init__(self, group: Optional[Any] = None):
+    def __init__(self, group: Optional[Any] = None, device: Optional[torch.device] = None):
         _core.Communicator.__init__(self)
         self.group = group
-        self._device = _collective_device(group)
+        self._device = collective_device(group, device)
 
     def rank(self) -> int:
         return rank(self.group)
@@ -139,7 +158,9 @@ class TorchCommunicator(_core.Communicator):
         pass  # torch.distributed's own timeouts name the rank that is gone
 
 
-def communicator(group: Optional[Any] = None) -> Optional[TorchCommunicator]:
-    """The library's communicator over `group` when the job has more than
-    one rank, else None (one process: nothing to agree)."""
-    return TorchCommunicator(group) if active(group) else None
+def communicator(group: Optional[Any] = None,
+                 device: Optional[torch.device] = None) -> Optional[TorchCommunicator]:
+    """The library's communicator over `group` (its tensors where
+    `collective_device` puts them for a model on `device`) when the job has
+    more than one rank, else None (one process: nothing to agree)."""
+    return TorchCommunicator(group, device) if active(group) else None

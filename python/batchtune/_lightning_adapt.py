@@ -186,9 +186,15 @@ class AdaptiveMicroBatchSampler(BatchSampler):
     def __iter__(self) -> Iterator[List[int]]:
         return iter(self.batches)
 
-    # No __len__: the number of batches changes with the batch, so Lightning
-    # takes the loader as one of unknown length and learns the epoch's last
-    # batch by fetching one ahead.
+    def __len__(self) -> int:
+        # The number of batches changes with the batch: Lightning takes the
+        # loader as one of unknown length (a TypeError here) and learns the
+        # epoch's last batch by fetching one ahead. BatchSampler's own length
+        # (the sampler's samples / the first micro-batch) would end the
+        # epoch there, the order's iterator left half-way: the next epoch
+        # would begin at the samples that remained, and train none.
+        raise TypeError("AdaptiveMicroBatchSampler: has no length; the number of batches an "
+                        "epoch changes with the batch under adapt")
 
 
 class AdaptiveDataLoader(DataLoader):
@@ -331,4 +337,4 @@ class LightningAdaptation:
         big = self.info["step_samples"]
         if big > small:
             self.adaptation.measure(small, small_sq, big, _core.squared_gradient_norm(parameters),
-                                    1.0, 1)
+                                    1.0)

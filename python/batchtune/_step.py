@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 import torch
 
 from . import _core
+from ._data_parallel import local_backward
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -128,8 +129,11 @@ class TrainStep:
 
     def backward(self, batch: Any, weight: float = 1.0) -> torch.Tensor:
         """Forward and backward of one micro-batch, its loss weighted by
-        `weight` (its share of the logical batch); returns the unweighted loss."""
-        with self.autocast():
+        `weight` (its share of the logical batch); returns the unweighted loss.
+        A `DistributedDataParallel` model runs it on this rank alone
+        (`no_sync`): the gradients are averaged once the ranks agree that the
+        step went through (`_data_parallel.average_gradients`)."""
+        with local_backward(self.model), self.autocast():
             loss = self.loss_fn(self.model, batch)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise TypeError("loss_fn(model, batch) must return the scalar loss (a 0-dim tensor), "
@@ -138,7 +142,8 @@ class TrainStep:
         scaled = loss * weight if weight != 1.0 else loss
         if self.scaler is not None:
             scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        with local_backward(self.model):
+            scaled.backward()
         return loss.detach()
 
     def optimizer_step(self) -> None:
@@ -155,7 +160,10 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def __call__(self, batch: Any) -> torch.Tensor:
-        """One optimizer step on one batch; returns its loss (0-dim, detached)."""
+        """One optimizer step on one batch; returns its loss (0-dim, detached).
+        What a trial times; a DDP model's is this rank's alone, without the
+        gradient average the `Trainer` adds (a trial on one rank meets no
+        other rank, and the average allocates nothing)."""
         self.zero_grad()
         loss = self.backward(batch)
         self.optimizer_step()

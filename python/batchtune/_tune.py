@@ -308,7 +308,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
         multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources,
         mean_length=seqs.mean if seqs is not None else None).resolve()
-    communicator = _distributed.communicator(group)
+    communicator = _distributed.communicator(group, dev)
     started = time.perf_counter()
     written = None
     with _one_at_a_time("tune"), _measured_device(dev, memory_limit, model, optimizer) as memory:

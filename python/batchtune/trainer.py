@@ -1,7 +1,6 @@
 """The plan in your loop: a small runner that trains with it."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
@@ -13,6 +12,7 @@ import torch
 
 from . import _core, _distributed
 from ._adapt import Adaptation, adapt_lr_rule, loss_scale_of
+from ._data_parallel import average_gradients, ddp_of, group_of
 from ._memory import oom_count
 from ._step import (LossFn, TrainStep, batch_size_of, check_amp_device, loss_item_count,
                     slice_batch, to_device)
@@ -30,9 +30,18 @@ class Trainer:
     share of the batch, and steps the optimizer once.
     `step(micro_batches=[...])` takes the step's micro-batches as they come
     instead (a token-budget batch sampler's: each of its own sample count and
-    padded length) and accumulates them into one optimizer step; under
-    `DistributedDataParallel` only the last one's backward all-reduces, so
-    ranks may give different numbers of them.
+    padded length) and accumulates them into one optimizer step; ranks may
+    give different numbers of them.
+
+    - Under `DistributedDataParallel` the ranks cannot fall out of step:
+      every micro-batch runs on its rank alone (`no_sync()`), the ranks agree
+      that none ran out of memory, and only then are the gradients averaged,
+      once a step, over the model's process group (rank 0's buffers handed to
+      all, as DDP's forward does). An out-of-memory on one rank, anywhere in
+      a step, makes every rank run the same samples again in smaller pieces;
+      no collective is left waiting for a peer. The average is one
+      all-reduce per parameter after the backward, not overlapped with it as
+      DDP's buckets are.
 
     - The weighting: by default a micro-batch's loss counts by its share of
       the step's samples. That is the whole step's gradient for a loss that
@@ -123,7 +132,9 @@ class Trainer:
         self.optimizer = optimizer
         # An adapting run changes its plan as it goes: its own copy.
         self.plan = dataclasses.replace(plan) if adapt else plan
-        self.group = group
+        # The group the ranks agree and average over: a DDP model's own unless
+        # one is given.
+        self.group = group_of(model, group)
         if device is None:
             p = next(model.parameters(), None)
             device = p.device if p is not None else torch.device("cpu")
@@ -233,9 +244,9 @@ class Trainer:
         items = self._items([slice_batch(batch, begin, end) for batch, begin, end in pieces])
         local = sum(items)
         world, total = 1, local
-        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+        if ddp_of(self.model) is not None:
             world = _distributed.world_size(self.group)
-            total = _distributed.all_sum(local, self.group)
+            total = _distributed.all_sum(local, self.group, self.device)
         if not total > 0:
             raise _core.Error("loss_items: the step's micro-batches hold 0 items in all; give "
                               "steps with something the loss averages over (a label not ignored)")
@@ -244,34 +255,23 @@ class Trainer:
         return [i * world / total for i in items], shares
 
     def _accumulate(self, pieces: List[_Piece], weights: List[float], shares: List[float],
-                    n: int, small: int = 0, sync_each: bool = True) -> torch.Tensor:
-        """The step's gradients, piece by piece, each piece's loss weighted by
-        its weight; returns the step's mean loss. With `small` > 0 the first
-        piece (`small` samples) has its gradient norm measured against the
-        whole step's for the noise scale. `sync_each` False: a DDP model
-        all-reduces at the last piece's backward alone (`no_sync` before), so
-        that ranks may run different numbers of pieces."""
+                    small: int = 0) -> Tuple[torch.Tensor, Optional[float]]:
+        """This rank's gradients of the step, piece by piece, each piece's loss
+        weighted by its weight (a DDP model's not yet averaged); returns the
+        step's mean loss and, with `small` > 0, the squared gradient norm of
+        the first piece (`small` samples) alone, for the noise scale."""
         total = torch.zeros((), device=self.device)
-        ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
         small_sq = None
         for i, ((batch, begin, end), weight, share) in enumerate(zip(pieces, weights, shares)):
             part = slice_batch(batch, begin, end)
-            deferred = ddp and not sync_each and i + 1 < len(pieces)
-            with self.model.no_sync() if deferred else contextlib.nullcontext():
-                loss = self._step.backward(part, weight)
+            loss = self._step.backward(part, weight)
             if share != 0:  # a piece without items may have a nan loss
                 total += loss.float() * share
             del part, loss
             if small > 0 and i == 0 and weight > 0:
                 # The gradient so far is weight x the first samples' mean gradient.
                 small_sq = _core.squared_gradient_norm(list(self.model.parameters())) / weight ** 2
-        if small_sq is not None:
-            scaler = self._step.scaler
-            self._adapt.measure(small, small_sq, n,
-                                _core.squared_gradient_norm(list(self.model.parameters())),
-                                scaler.get_scale() if scaler is not None else 1.0,
-                                _distributed.world_size(self.group) if ddp else 1)
-        return total
+        return total, small_sq
 
     def _step_batches(self, batch: Any, micro_batches: Optional[Iterable[Any]]) -> List[Any]:
         """The step's batch, or its micro-batches, on the device; refuses an
@@ -344,11 +344,11 @@ class Trainer:
             pieces, first = self._pieces(batches, whole, n, small)
             weights, shares = self._weights(pieces, n)
             oom: Optional[BaseException] = None
-            total = None
+            total, small_sq = None, None
             self._step.zero_grad()
             ooms_before = oom_count(self.device)
             try:
-                total = self._accumulate(pieces, weights, shares, n, first, sync_each=whole)
+                total, small_sq = self._accumulate(pieces, weights, shares, first)
             except torch.OutOfMemoryError as e:
                 oom = e
             except Exception as e:  # noqa: BLE001 - an out-of-memory under another name?
@@ -358,7 +358,7 @@ class Trainer:
                 if _core.classify_failure(str(e), ooms_before, oom_count(self.device)) != "out_of_memory":
                     raise
                 oom = e
-            failed = _distributed.any_rank(oom is not None, self.group)
+            failed = _distributed.any_rank(oom is not None, self.group, self.device)
             if not failed:
                 break
             message = str(oom).split("\n", 1)[0] if oom is not None else "on another rank"
@@ -370,20 +370,32 @@ class Trainer:
             if torch.cuda.is_available() and self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self._recover(pieces, whole, n, message)
+        average_gradients(self.model)
         if self._adapt is not None:
-            if self.micro_batch_size >= n:  # no accumulation: this step against the previous one
-                ddp = isinstance(self.model, torch.nn.parallel.DistributedDataParallel)
-                self._adapt.measure_successive(
-                    list(self.model.parameters()),
-                    n * (_distributed.world_size(self.group) if ddp else 1),
-                    loss_scale_of(self._step.scaler))
-            else:
-                self._adapt.successive.reset()
+            self._measure_noise(n, first, small_sq)
         self._step.optimizer_step()
         self.steps_done += 1
         if self._adapt is not None:
             self._adapt_batch(n)
         return float(total)
+
+    def _measure_noise(self, n: int, small: int, small_sq: Optional[float]) -> None:
+        """adapt: the step's (global, averaged) gradient against its first
+        `small` samples' (`small_sq`), or without accumulation against the
+        steps before."""
+        world = _distributed.world_size(self.group) if ddp_of(self.model) is not None else 1
+        scaler = self._step.scaler
+        if small_sq is not None:
+            # The first piece ran on this rank alone; the step's gradient is
+            # every rank's.
+            self._adapt.measure(small, small_sq, n * world,
+                                _core.squared_gradient_norm(list(self.model.parameters())),
+                                scaler.get_scale() if scaler is not None else 1.0)
+        if self.micro_batch_size >= n:  # no accumulation: this step against the previous one
+            self._adapt.measure_successive(list(self.model.parameters()), n * world,
+                                           loss_scale_of(scaler))
+        else:
+            self._adapt.successive.reset()
 
     def _adapt_batch(self, n: int) -> None:
         """Counts the step's samples and, every `adapt_every` steps, decides."""

@@ -1,5 +1,8 @@
 """Run by test_distributed.py under torchrun: each rank tunes under its own
-emulated budget through the user's Gloo process group."""
+emulated budget through the user's Gloo process group. `plain`: a module as
+it is; `ddp`: the same wrapped in DistributedDataParallel with AdamW, tuned
+with the sweep, then two Trainer steps with the plan."""
+import datetime
 import json
 import os
 import sys
@@ -13,20 +16,37 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import (classify_loss, exit_distributed_job, image_batch,  # noqa: E402
                       small_convnet)
 
-dist.init_process_group("gloo")
+out, kind = sys.argv[1], sys.argv[2]
+# A collective left unmatched fails within 60 s rather than hanging.
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = small_convnet()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 # The ranks differ: the job's maximum is the smaller one's.
 limit = "24MiB" if rank == 0 else "16MiB"
-result = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
-                        memory_limit=limit, report=None, amp="off", max_batch=512, sweep=False,
-                        target_batch=1024)
+if kind == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    result = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                            memory_limit=limit, report=None, amp="off", max_batch=256,
+                            target_batch=512, time_budget=60)
+else:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    result = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                            memory_limit=limit, report=None, amp="off", max_batch=512,
+                            sweep=False, target_batch=1024)
 own = max(t.batch_size for t in result.trials if t.fits)
-with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
-    json.dump({"rank": rank, "own": own, "max": result.max_batch_size,
-               "plan": result.plan.to_dict()}, f)
+record = {"rank": rank, "own": own, "max": result.max_batch_size,
+          "plan": result.plan.to_dict()}
+if kind == "ddp":
+    trainer = batchtune.Trainer(model, optimizer, classify_loss, result.plan)
+    make = image_batch((3, 16, 16))
+    torch.manual_seed(rank)
+    for _ in range(2):
+        trainer.step(make(result.plan.batch_size))
+    record["weights"] = [p.detach().flatten()[:16].tolist() for p in model.parameters()]
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+    json.dump(record, f)
 # Both ranks done before either tears down: a rank leaving early closes the
 # Gloo pairs under the other, which then aborts in its shutdown.
 dist.barrier()

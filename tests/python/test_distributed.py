@@ -1,5 +1,7 @@
 """Two ranks under torchrun (Gloo, the venv's own torchrun) get the same plan,
-with the job's maximum the smallest rank's."""
+with the job's maximum the smallest rank's: a plain module, and one wrapped
+in DistributedDataParallel (whose trials must not leave DDP's all-reduces
+unmatched) that then trains with the plan."""
 import json
 import os
 import subprocess
@@ -11,13 +13,14 @@ import torch
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
-def test_two_ranks_under_torchrun_get_one_plan(tmp_path):
+@pytest.mark.parametrize("kind", ["plain", "ddp"])
+def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     torchrun = Path(sys.executable).with_name("torchrun")
     assert torchrun.exists(), torchrun
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = Path(__file__).with_name("ddp_tune_job.py")
     done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+                           str(tmp_path), kind], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["plan"] == ranks[1]["plan"]
@@ -26,3 +29,5 @@ def test_two_ranks_under_torchrun_get_one_plan(tmp_path):
     plan = ranks[0]["plan"]
     assert plan["world_size"] == 2
     assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["accumulation_steps"] * 2
+    if kind == "ddp":  # trained in step: the same weights on both ranks
+        assert ranks[0]["weights"] == ranks[1]["weights"]
