@@ -261,6 +261,38 @@ TEST(RankEnvironment, BadVariablesAreNamed) {
             0U);
 }
 
+TEST(RankEnvironment, ARankTrainsOnItsLocalGpuWhereItExistsElseOnTheOneItSees) {
+  RankEnvironment env;
+  env.rank = 3;
+  env.world_size = 4;
+  env.local_rank = 1;
+  env.local_world_size = 2;
+  std::string note;
+  EXPECT_EQ(rank_gpu(env, 2, &note), 1);
+  EXPECT_EQ(note, "");
+  // One GPU visible per rank (CUDA_VISIBLE_DEVICES): cuda:0, said once.
+  EXPECT_EQ(rank_gpu(env, 1, &note), 0);
+  EXPECT_NE(note.find("rank 3: LOCAL_RANK 1 but this process sees 1 GPU(s): training on cuda:0"),
+            std::string::npos)
+      << note;
+  EXPECT_EQ(note.find('\n'), std::string::npos);
+}
+
+TEST(RankEnvironment, TwoRanksOnOneGpuAreToldNcclNeedsOneEach) {
+  RankEnvironment env;
+  env.rank = 1;
+  env.local_world_size = 2;
+  const std::string nccl =
+      "NCCL error in: ProcessGroupNCCL.cpp:2046, invalid usage, NCCL version 2.27.5\n"
+      "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+      "Last error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000";
+  const std::string message = shared_gpu_message(env, nccl);
+  EXPECT_EQ(message.rfind("rank 1: NCCL needs one GPU per rank", 0), 0U) << message;
+  EXPECT_NE(message.find("CUDA_VISIBLE_DEVICES"), std::string::npos);
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+  EXPECT_EQ(shared_gpu_message(env, "Connection refused"), "");
+}
+
 TEST(DataParallel, ShardsSplitEveryLogicalBatchWithoutOverlap) {
   std::vector<int64_t> batch{7, 3, 9, 1, 4, 8};
   EXPECT_EQ(shard_batch(batch, 0, 2), (std::vector<int64_t>{7, 3, 9}));

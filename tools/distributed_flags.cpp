@@ -25,7 +25,10 @@ RankEnvironment place_rank(const DistributedFlags& flags, WorkloadFlags& workloa
   RankEnvironment env = rank_environment();
   if (!env.distributed()) return env;
   if ((workload.device == "auto" || workload.device == "cuda") && torch::cuda::is_available()) {
-    workload.device = fmt::format("cuda:{}", env.local_rank);
+    std::string note;
+    workload.device = fmt::format(
+        "cuda:{}", rank_gpu(env, static_cast<int64_t>(torch::cuda::device_count()), &note));
+    if (!note.empty()) fmt::print(stderr, "batchtune: {}\n", note);
   }
   if (workload.threads == 0 && workload.device.rfind("cuda", 0) != 0) {
     workload.threads = std::max<int>(1, available_cores() / static_cast<int>(env.local_world_size));

@@ -150,6 +150,8 @@ class C10dCommunicator final : public Communicator {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string shared = shared_gpu_message(env, e.what());
+      if (!shared.empty()) throw RankFailure(shared);
       throw RankFailure(fmt::format("rank {}: the {} process group did not form within {} s: {}",
                                     env.rank, device.is_cuda() ? "NCCL" : "Gloo",
                                     timeout.count() / 1000.0, first_line(e.what())));

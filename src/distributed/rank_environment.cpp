@@ -90,6 +90,26 @@ RankEnvironment rank_environment() {
   return parse_rank_environment([](const char* name) { return std::getenv(name); });
 }
 
+int64_t rank_gpu(const RankEnvironment& env, int64_t device_count, std::string* note) {
+  if (env.local_rank < device_count) return env.local_rank;
+  if (note != nullptr) {
+    *note = fmt::format(
+        "rank {}: LOCAL_RANK {} but this process sees {} GPU(s): training on cuda:0, as "
+        "where each rank is given a GPU of its own (CUDA_VISIBLE_DEVICES)",
+        env.rank, env.local_rank, device_count);
+  }
+  return 0;
+}
+
+std::string shared_gpu_message(const RankEnvironment& env, const std::string& message) {
+  if (message.find("Duplicate GPU") == std::string::npos) return {};
+  return fmt::format(
+      "rank {}: NCCL needs one GPU per rank, and two ranks of this job share one ({} "
+      "rank(s) on this node); start as many ranks per node as it has GPUs, or give each rank "
+      "its own with CUDA_VISIBLE_DEVICES",
+      env.rank, env.local_world_size);
+}
+
 std::unique_ptr<Communicator> make_local_communicator() {
   return std::make_unique<LocalCommunicator>();
 }

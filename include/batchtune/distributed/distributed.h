@@ -53,6 +53,17 @@ RankEnvironment parse_rank_environment(const std::function<const char*(const cha
 /// `parse_rank_environment` of this process's environment.
 RankEnvironment rank_environment();
 
+/// The GPU index a rank trains on when this process sees `device_count`
+/// GPUs: `LOCAL_RANK`'s where it exists; else 0, as on clusters that give
+/// each rank one GPU of its own (`CUDA_VISIBLE_DEVICES` per rank), with
+/// `note` saying so.
+int64_t rank_gpu(const RankEnvironment& env, int64_t device_count, std::string* note);
+
+/// The one line for a NCCL group that did not form because two ranks
+/// share a GPU (NCCL's "Duplicate GPU detected"); empty for any other
+/// failure `message`.
+std::string shared_gpu_message(const RankEnvironment& env, const std::string& message);
+
 /// A rank failed: it exited, hung past the timeout, or reported an error.
 /// The message names the rank(s). Not a user error: the CLI exits with 1.
 class RankFailure : public std::runtime_error {
