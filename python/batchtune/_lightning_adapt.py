@@ -294,7 +294,8 @@ class LightningAdaptation:
                     gain=self.gain)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.adaptation.load_state_dict(state["adaptation"])
+        self.adaptation.load_state_dict(state["adaptation"],
+                                        "BatchTune's checkpoint state['adapt']['adaptation']")
         for k, v in state["current"].items():
             setattr(self.current, k, v)
         self.batches.load_state(state["data"])

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 import torch
 
 from . import _core
-from ._data_parallel import local_backward
+from ._data_parallel import average_gradients, local_backward
 
 LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
@@ -121,6 +121,9 @@ class TrainStep:
         # in training, where reading the scale would wait for the GPU.
         self.track_skips = False
         self.last_step_skipped = False
+        # Trials of a DDP model on several ranks: the tune's lockstep with the
+        # other ranks (`_core.Lockstep`), met before the gradients are averaged.
+        self.lockstep: Optional["_core.Lockstep"] = None
 
     def autocast(self):
         if self.amp == "off":
@@ -160,12 +163,16 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
 
     def __call__(self, batch: Any) -> torch.Tensor:
-        """One optimizer step on one batch; returns its loss (0-dim, detached).
-        What a trial times; a DDP model's is this rank's alone, without the
-        gradient average the `Trainer` adds (a trial on one rank meets no
-        other rank, and the average allocates nothing)."""
+        """One optimizer step on one batch, as a trial times it; returns its
+        loss (0-dim, detached). A DDP model's trials in the tune's lockstep
+        meet the other ranks after the backward and average the gradients,
+        as `Trainer.step` does; alone (a `probe`), the step is this rank's."""
         self.zero_grad()
         loss = self.backward(batch)
+        if self.lockstep is not None:
+            if not self.lockstep.check_peers():
+                raise torch.OutOfMemoryError("another rank ran out of memory in this step")
+            average_gradients(self.model)
         self.optimizer_step()
         return loss
 

@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from . import _core
+from . import _core, _distributed
+from ._data_parallel import ddp_of
 from ._snapshot import TrainingSnapshot
 from ._step import LossFn, TrainStep, check_batch, to_device
 
@@ -75,6 +76,15 @@ class Subject(_core.TrialSubject):
         self.model.eval()
         with torch.no_grad(), self.train_step.autocast():
             return self.loss_fn(self.model, self.batch).detach()
+
+    def communicates(self) -> bool:
+        """A DDP model on several ranks: its step averages the gradients, so
+        the ranks run their trials in lockstep."""
+        ddp = ddp_of(self.model)
+        return ddp is not None and _distributed.active(ddp.process_group)
+
+    def set_lockstep(self, lockstep: Optional["_core.Lockstep"]) -> None:
+        self.train_step.lockstep = lockstep
 
     def set_forward_only(self, on: bool) -> bool:
         self.forward_only = bool(on)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from . import _checks, _core
-from ._adapt import adapt_lr_rule, check_arguments
+from ._adapt import adapt_arguments
 from ._fit import missing
 from ._lengths import parse_lengths
 from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
@@ -100,7 +100,7 @@ class BatchTune(Callback):
             heaviest first, and the module's `training_step`.
         adapt: the global batch and lr follow the gradient noise scale as
             training goes, by the policy of `batchtune.Trainer(adapt=True)`:
-            every `adapt_every` optimizer steps the global batch may double or
+            every `adapt_every` (default 50) optimizer steps the global batch may double or
             halve where goodput says so, up to `adapt_max_batch` (default 32x
             the plan's) and down to `adapt_min_batch` (default the plan's /
             32; the plan's own to never go below it), the micro-batch growing up to the
@@ -112,6 +112,8 @@ class BatchTune(Callback):
             the Trainer, filled in from this callback's own tune).
             The train dataloader is made again with a batch sampler that hands
             out the next micro-batches of the global batch of the moment.
+            `adapt_every`, `adapt_max_batch`, `adapt_min_batch` and `adapt_lr`
+            are refused without `adapt=True`.
         adapt_seed: the seed of the epochs' order under adapt or with
             `lengths` (the same on every rank).
         lengths: sequences of varying length — every sample's tokens, in
@@ -158,16 +160,15 @@ class BatchTune(Callback):
                  base_lr: Optional[float] = None, base_batch: Optional[int] = None,
                  make_batch: Optional[Callable[[int], Any]] = None,
                  loss_fn: Optional[Callable] = None, adapt: bool = False,
-                 adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
+                 adapt_every: Optional[int] = None,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  adapt_min_batch: Optional[int] = None, adapt_seed: int = 0,
                  clock: Callable[[], float] = time.perf_counter, lengths: Any = None,
                  loss_items: Optional[Callable[[Any], Any]] = None, **tune_kwargs: Any):
         super().__init__()
-        if not isinstance(adapt, bool):
-            raise _core.Error(f"adapt: give True or False, got {adapt!r}")
-        adapt_lr = adapt_lr_rule(adapt, adapt_lr)
-        check_arguments(adapt_every, adapt_max_batch, adapt_lr, adapt_min_batch)
+        # adapt_every and the rest only with adapt=True, as Trainer(adapt=True).
+        adapt_every, adapt_lr = adapt_arguments(adapt, adapt_every, adapt_max_batch, adapt_lr,
+                                                adapt_min_batch)
         _checks.integer("adapt_seed", adapt_seed, 0)
         if adapt and not scale_lr:
             raise _core.Error("adapt: moves the lr with the batch, which scale_lr=False turns off; "
@@ -258,10 +259,16 @@ class BatchTune(Callback):
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         plan = self._restored
         if plan is None:
+            if self.target_batch is not None:  # before the tune's time is spent
+                _check_data_holds_a_step(train_loader(trainer, pl_module), self.target_batch,
+                                         "target_batch")
             plan = self._tune(trainer, pl_module)
         if plan.token_budget > 0 and self.lengths is None:
             raise _core.Error("lengths: the checkpoint's plan trains by a token budget; give "
                               "BatchTune(lengths=...) as the run that saved it did")
+        if plan.token_budget == 0:
+            _check_data_holds_a_step(train_loader(trainer, pl_module), plan.global_batch_size,
+                                     "target_batch" if self._restored is None else "plan")
         self.plan = plan
         apply_plan(trainer, pl_module, plan, batch_arg_name=self.batch_arg_name,
                    scale_lr=self.scale_lr, report=self.result.report if self.result else None,
@@ -548,6 +555,29 @@ def _check_lengths(lengths: Any, loss_items: Any, adapt: bool, target_batch: Opt
         raise _core.Error("target_batch: with lengths= each optimizer step is one micro-batch of the "
                           "token budget a rank (accumulate_grad_batches 1, so that the loss stays a "
                           "per-token mean); leave target_batch unset")
+
+
+def _check_data_holds_a_step(loader: torch.utils.data.DataLoader, global_batch: int,
+                             name: str) -> None:
+    """An epoch of the train data set holds one global batch at least, as the
+    CLI's `train` asks: with fewer samples an epoch under adapt trains no step
+    (what is left of a global batch is dropped), and without it one short
+    step at the lr of the whole batch. `name`: "target_batch" (asked for, or
+    the plan tuned for it) or "plan" (a checkpoint's)."""
+    try:
+        size = len(loader.dataset)
+    except TypeError:
+        return  # an iterable data set: its size is not known
+    if size >= global_batch:
+        return
+    if name == "plan":
+        raise _core.Error(f"plan: the checkpoint's global batch {global_batch} is larger than the "
+                          f"{size} samples of train_dataloader()'s data set, so an epoch trains no "
+                          "whole step; resume on the data the checkpoint trained on, or start "
+                          "without it")
+    raise _core.Error(f"target_batch: the global batch {global_batch} is larger than the {size} "
+                      "samples of train_dataloader()'s data set, so an epoch trains no whole "
+                      f"step; give target_batch={size} or less")
 
 
 def _train_loader_source(trainer: "pl.Trainer", what: str):

@@ -10,8 +10,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
-from . import _core, _distributed
-from ._adapt import Adaptation, adapt_lr_rule, loss_scale_of
+from . import _checks, _core, _distributed
+from ._adapt import Adaptation, adapt_arguments, loss_scale_of
 from ._data_parallel import average_gradients, ddp_of, group_of
 from ._memory import oom_count
 from ._step import (LossFn, TrainStep, batch_size_of, check_amp_device, loss_item_count,
@@ -116,12 +116,19 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
                  plan: Plan, *, device: Optional[torch.device] = None, group: Optional[Any] = None,
                  scale_lr: bool = True, adapt: bool = False,
-                 adapt_every: int = _core.DEFAULT_ADAPT_EVERY,
+                 adapt_every: Optional[int] = None,
                  adapt_max_batch: Optional[int] = None, adapt_lr: Optional[str] = None,
                  adapt_min_batch: Optional[int] = None,
                  adapt_speeds: Optional[Mapping[int, Any]] = None,
                  clock: Callable[[], float] = time.perf_counter,
                  loss_items: Optional[Callable[[Any], Any]] = None):
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan: must be a batchtune.Plan (result.plan, Plan.make(...) or "
+                            f"Plan.load(path)), got {type(plan).__name__}")
+        # adapt and what tunes it, before anything is made: adapt_every and the
+        # rest only with adapt=True.
+        adapt_every, lr_rule = adapt_arguments(adapt, adapt_every, adapt_max_batch, adapt_lr,
+                                               adapt_min_batch)
         if plan.micro_batch_size < 1 or plan.accumulation_steps < 1:
             raise _core.Error("plan: micro_batch_size and accumulation_steps must be at least 1")
         if loss_items is not None and not callable(loss_items):
@@ -152,7 +159,6 @@ class Trainer:
         check_amp_device(plan.amp, self.device)
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
         self._adapt: Optional[Adaptation] = None
-        lr_rule = adapt_lr_rule(adapt, adapt_lr)
         if adapt_speeds is not None and not adapt:
             raise _core.Error("adapt_speeds: guides adapt; give adapt=True, or leave it out")
         if adapt:
@@ -432,15 +438,54 @@ class Trainer:
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """`state_dict()`'s state, checked before anything changes: a missing
+        field, a wrong type (`TypeError`) or a value out of range
+        (`batchtune.Error`, the plan's by the plan's own rule) is refused
+        naming it."""
+        if not isinstance(state, Mapping):
+            raise TypeError("state_dict: give the dict Trainer.state_dict() returned, got "
+                            f"{type(state).__name__}")
         if ("adapt" in state) != (self._adapt is not None):
             raise _core.Error("state_dict: it was saved by a Trainer "
                               f"{'with' if 'adapt' in state else 'without'} adapt=True; "
                               "load it into one made the same way")
-        self.steps_done = int(state["steps_done"])
-        self.micro_batch_size = int(state["micro_batch_size"])
+        for key in ("steps_done", "micro_batch_size") + (
+                ("plan", "adapt") if self._adapt is not None else ()):
+            if key not in state:
+                raise _core.Error(f"state_dict: has no '{key}'; give the dict "
+                                  "Trainer.state_dict() returned")
+        steps_done = _checks.integer("state_dict['steps_done']", state["steps_done"], 0)
+        micro_batch_size = _checks.integer("state_dict['micro_batch_size']",
+                                           state["micro_batch_size"])
         # A state saved before step(micro_batches=) existed has no split.
-        self.micro_batch_split = int(state.get("micro_batch_split", 1))
+        micro_batch_split = _checks.integer("state_dict['micro_batch_split']",
+                                            state.get("micro_batch_split", 1))
         if self._adapt is not None:
-            for k, v in state["plan"].items():
-                setattr(self.plan, k, v)
+            plan = self._checked_plan(state["plan"])
             self._adapt.load_state_dict(state["adapt"])
+            for k, v in plan.items():
+                setattr(self.plan, k, v)
+        self.steps_done = steps_done
+        self.micro_batch_size = micro_batch_size
+        self.micro_batch_split = micro_batch_split
+
+    def _checked_plan(self, saved: Any) -> Dict[str, Any]:
+        """The adapted plan of a state: its four fields, whole numbers and an
+        lr (types here), then the plan they make with the rest of this
+        Trainer's checked by the core's rule (`Plan.from_dict`: at least 1,
+        micro x accumulation x world = global, lr positive, at most 1e3)."""
+        name = "state_dict['plan']"
+        if not isinstance(saved, Mapping):
+            raise TypeError(f"{name}: give the dict Trainer.state_dict() returned, got "
+                            f"{type(saved).__name__}")
+        plan = {}
+        for key in ("global_batch_size", "micro_batch_size", "accumulation_steps", "lr"):
+            if key not in saved:
+                raise _core.Error(f"{name}: has no '{key}'; give the dict Trainer.state_dict() "
+                                  "returned")
+            if key == "lr":
+                plan[key] = _checks.number(f"{name}['lr']", saved[key], "positive")
+            else:
+                plan[key] = _checks.whole(f"{name}['{key}']", saved[key])
+        Plan.from_dict(dataclasses.replace(self.plan, **plan).to_dict(), name)
+        return plan

@@ -11,6 +11,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/step/amp.h"
+#include "batchtune/step/lockstep.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/trial.h"
 #include "batchtune/step/trial_failure.h"
@@ -88,6 +89,18 @@ class PyTrialSubject : public TrialSubject {
     return supported;
   }
   void restore() override { translated([&] { call("restore"); }); }
+  bool communicates() const override {
+    py::gil_scoped_acquire gil;
+    py::function method =
+        py::get_override(static_cast<const TrialSubject*>(this), "communicates");
+    return method ? method().cast<bool>() : false;
+  }
+  void set_lockstep(Lockstep* lockstep) override {
+    py::gil_scoped_acquire gil;
+    py::function method =
+        py::get_override(static_cast<const TrialSubject*>(this), "set_lockstep");
+    if (method) method(py::cast(lockstep, py::return_value_policy::reference));
+  }
   bool last_step_skipped() const override {
     py::gil_scoped_acquire gil;
     py::function method =
@@ -165,6 +178,12 @@ void bind_trial_subject(py::module_& m) {
       "batch), step() (one training step, returns the 0-dim loss), save() and restore().")
       .def(py::init<>())
       .def("describe", &TrialSubject::describe);
+  py::class_<Lockstep>(m, "Lockstep",
+                       "The trials' lockstep with the other ranks (the tune owns it): a step "
+                       "that communicates calls check_peers() before its collectives.")
+      .def("check_peers", &Lockstep::check_peers,
+           "Meets the other ranks: False when one ran out of memory in this step (stop it "
+           "as an out-of-memory); raises when one stopped with an error.");
   py::class_<TrialRunner>(m, "TrialRunner",
                           "The C++ trial runner over a Python subject: it times the steps, "
                           "turns an out-of-memory into a result and restores the subject.")

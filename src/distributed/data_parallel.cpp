@@ -177,6 +177,15 @@ int64_t DataParallel::min(int64_t value) {
   return t.item<int64_t>();
 }
 
+std::vector<double> DataParallel::max_over_ranks(const std::vector<double>& values) {
+  if (!distributed() || values.empty()) return values;
+  BudgetAllocator::UncountedScope uncounted;
+  at::Tensor t = at::tensor(values, at::kDouble).to(communicator_->device());
+  communicator_->all_reduce(t, ReduceOp::kMax);
+  t = t.cpu();
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
 Plan DataParallel::agree_plan(const Plan& plan) {
   if (!distributed()) return plan;
   BudgetAllocator::UncountedScope uncounted;

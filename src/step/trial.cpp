@@ -14,6 +14,7 @@
 #include "batchtune/common/size.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/machine_load.h"
+#include "batchtune/step/lockstep.h"
 #include "batchtune/step/trial_failure.h"
 #include "batchtune/step/workload.h"
 #include "step/training_snapshot.h"
@@ -144,6 +145,11 @@ TrialRunner::TrialRunner(std::unique_ptr<TrialSubject> owned, DeviceMemory& memo
 
 TrialRunner::~TrialRunner() = default;
 
+void TrialRunner::set_lockstep(Lockstep* lockstep) {
+  lockstep_ = lockstep;
+  subject_->set_lockstep(lockstep);
+}
+
 TrialResult TrialRunner::run(const TrialOptions& options) {
   if (options.batch_size() < 1) {
     throw OptionError(Option::kBatchSize,
@@ -177,6 +183,12 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
   const Clock& clock = *clock_;
   const double trial_start = clock.now_s();
   CpuTimes load_before;
+  if (lockstep_ != nullptr) lockstep_->begin_trial(options.batch_size());
+  // In lockstep, whether another step runs is the ranks' decision: warm-up
+  // while any rank wants one, timed steps while all do.
+  const auto agreed = [&](bool wanted, bool any) {
+    return lockstep_ != nullptr ? lockstep_->another_step(wanted, any) : wanted;
+  };
   try {
     subject.prepare(options.batch_size());
     const int64_t min_warmup = options.warmup_steps();
@@ -217,17 +229,18 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     while (true) {
       const bool skipping = result.warmup_steps_run > 0 && subject.last_step_skipped() &&
                             skipped_warmup < kMaxSkippedWarmupSteps;
+      bool another = true;
       if (skipping) {
         ++skipped_warmup;
-      } else {
-        if (result.warmup_steps_run >= std::max(max_warmup, fp16_warmup)) break;
-        if (result.warmup_steps_run >= std::max(min_warmup, fp16_warmup)) {
-          // Settled once a step is no longer markedly faster than the one before.
-          const bool settled =
-              result.warmup_steps_run >= 2 && previous_s >= kSettledRatio * before_s;
-          if (settled || !room_for_a_step(kWarmupSliceShare)) break;
-        }
+      } else if (result.warmup_steps_run >= std::max(max_warmup, fp16_warmup)) {
+        another = false;
+      } else if (result.warmup_steps_run >= std::max(min_warmup, fp16_warmup)) {
+        // Settled once a step is no longer markedly faster than the one before.
+        const bool settled =
+            result.warmup_steps_run >= 2 && previous_s >= kSettledRatio * before_s;
+        another = !settled && room_for_a_step(kWarmupSliceShare);
       }
+      if (!agreed(another, /*any=*/true)) break;
       before_s = previous_s;
       run_step();
       ++result.warmup_steps_run;
@@ -237,11 +250,10 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     at::Tensor last_loss;
     while (true) {
       const auto timed = static_cast<int64_t>(result.step_seconds.size());
-      if (timed >= 1) {
-        if (!room_for_a_step(1)) break;
-        if (timed >= std::max(options.steps(), options.max_steps())) break;
-        if (timed >= options.steps() && timed_s >= options.min_time_s()) break;
-      }
+      const bool another = timed < 1 || (room_for_a_step(1) &&
+                                         timed < std::max(options.steps(), options.max_steps()) &&
+                                         (timed < options.steps() || timed_s < options.min_time_s()));
+      if (!agreed(another, /*any=*/false)) break;
       auto [loss, step_s, wait_s] = run_step();
       result.step_seconds.push_back(step_s);
       result.wait_seconds.push_back(wait_s);
@@ -251,7 +263,16 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     }
     result.loss = last_loss.item<double>();
     result.fits = true;
+  } catch (const PeerFailure& e) {
+    if (!e.out_of_memory) {
+      put_back();
+      throw Error(e.what());
+    }
+    result.fits = false;
+    result.failure = TrialFailure::kOutOfMemory;
+    result.error = e.what();
   } catch (const c10::OutOfMemoryError& e) {
+    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/false);
     result.fits = false;
     result.failure = TrialFailure::kOutOfMemory;
     result.error = first_line(e.what_without_backtrace());
@@ -259,6 +280,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     // Memory under another name (cuDNN's engine search, cudaMalloc outside
     // the caching allocator) or a size LibTorch refuses; else a real error.
     const StepFailure kind = classify_step_failure(e, ooms_before, memory_.oom_count());
+    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/kind == StepFailure::kError);
     if (kind == StepFailure::kError) {
       put_back();
       throw;
@@ -280,6 +302,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     const StepFailure kind = is_interrupt(std::current_exception())
                                  ? StepFailure::kError
                                  : classify_step_failure(evidence);
+    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/kind == StepFailure::kError);
     if (kind == StepFailure::kError) {
       put_back();
       throw;
@@ -311,6 +334,7 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
                                                  kCudaFragmentationReserve * 100)
                                    : std::string());
   }
+  if (lockstep_ != nullptr) lockstep_->agree(result);
   summarize_steps(result);
   if (result.noisy) result.noise_cause = machine_load_cause(load_before, read_cpu_times());
   return result;

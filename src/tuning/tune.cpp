@@ -22,6 +22,15 @@
 namespace batchtune {
 namespace {
 
+/// A lockstep for the trials where several ranks tune a subject whose step
+/// communicates (its runners' trials must then pair up), else null.
+std::unique_ptr<Lockstep> lockstep_for(TuneSubject& subject, const TuneOptions& options) {
+  DataParallel* dp = options.data_parallel();
+  if (dp == nullptr || !dp->distributed()) return nullptr;
+  if (!subject.runner(AmpMode::kOff).subject().communicates()) return nullptr;
+  return std::make_unique<Lockstep>(*dp);
+}
+
 /// Thrown inside the pipeline when the stop request says so; caught in
 /// `TunePipeline::run`, which keeps what was measured.
 struct Stopped {
@@ -37,11 +46,21 @@ TunePipeline::TunePipeline(TuneSubject& subject, DeviceMemory& memory,
       options_(*options),
       reporter_(reporter != nullptr ? *reporter : silent_),
       clock_(options->clock() != nullptr ? *options->clock() : steady_clock()),
-      budget_(clock_, options->time_budget_s()),
+      lockstep_(lockstep_for(subject, *options)),
+      decisions_(clock_, lockstep_.get()),
+      budget_(decisions_, options->time_budget_s()),
       monitor_start_s_(options_.monitor() != nullptr ? options_.monitor()->now_s() : 0) {}
 
 TunePipeline::~TunePipeline() {
-  for (auto& [runner, clock] : clocks_) runner->set_clock(*clock);
+  for (auto& [runner, clock] : clocks_) {
+    runner->set_clock(*clock);
+    if (lockstep_ == nullptr) continue;
+    try {
+      runner->set_lockstep(nullptr);  // the subject drops it: it dies with the pipeline
+    } catch (...) {
+      // A subject that cannot let go holds a pointer it is never given a step to use.
+    }
+  }
 }
 
 TuneResult TunePipeline::run() {
@@ -120,9 +139,12 @@ TrialRunner& TunePipeline::runner_at(AmpMode amp) {
   if (clocks_.count(&runner) == 0) {
     clocks_[&runner] = &runner.clock();
     runner.set_clock(clock_);
+    if (lockstep_ != nullptr) runner.set_lockstep(lockstep_.get());
   }
   return runner;
 }
+
+void TunePipeline::trial_done() { decisions_.agree(); }
 
 TrialResult TunePipeline::trial(TunePhase phase, const TrialOptions& trial_options) {
   check_stop();
@@ -132,6 +154,7 @@ TrialResult TunePipeline::trial(TunePhase phase, const TrialOptions& trial_optio
   // samples are on the monitor's.
   const double offset = t0 - runner_->clock().now_s();
   TrialResult result = runner_->run(trial_options);
+  trial_done();
   if (options_.monitor() != nullptr) {
     const double t1 = options_.monitor()->now_s();
     attach_readings(*options_.monitor(), result_.device, offset, result);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,8 +55,11 @@ class TunePipeline {
   int64_t planned_world_size() const;
   /// Throws (caught in `run`) when the stop request says so.
   void check_stop();
-  /// The runner at `amp`, timing its steps on the tune's clock.
+  /// The runner at `amp`, timing its steps on the tune's clock, its trials
+  /// in lockstep where the ranks' steps communicate.
   TrialRunner& runner_at(AmpMode amp);
+  /// After a trial the pipeline took from a runner itself.
+  void trial_done();
   /// One trial at the resolved precision, with the monitor's readings.
   TrialResult trial(TunePhase phase, const TrialOptions& trial_options);
   void end_phase(TunePhase phase);
@@ -69,7 +73,10 @@ class TunePipeline {
   const TuneOptions& options_;
   TuneReporter silent_;
   TuneReporter& reporter_;
-  const Clock& clock_;
+  const Clock& clock_;  ///< what steps are timed on
+  /// Trials in lockstep: several ranks whose steps communicate (null else).
+  std::unique_ptr<Lockstep> lockstep_;
+  DecisionClock decisions_;  ///< what phases decide by (see `DecisionClock`)
   Budget budget_;
   double monitor_start_s_ = 0;
   TuneResult result_;

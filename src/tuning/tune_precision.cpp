@@ -34,8 +34,8 @@ void TunePipeline::precision() {
         fmt::format("amp auto: timing bf16 against fp32, interleaved (at most {:.0f} s)",
                     seconds));
     AmpMeasureOptions measure;
-    measure.clock = &clock_;
-    measure.deadline_s = clock_.now_s() + seconds;
+    measure.clock = &decisions_;
+    measure.deadline_s = decisions_.now_s() + seconds;
     double t0 = 0;
     measure.before_trial = [&](AmpMode, int64_t batch) {
       check_stop();
@@ -44,6 +44,7 @@ void TunePipeline::precision() {
     };
     size_t index = 0;
     measure.after_trial = [&](const TrialResult& t) {
+      trial_done();
       if (options_.monitor() != nullptr) {
         result_.phases.push_back({t0 - monitor_start_s_,
                                   options_.monitor()->now_s() - monitor_start_s_, t.batch_size,

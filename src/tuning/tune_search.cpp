@@ -70,7 +70,7 @@ void TunePipeline::search() {
                                              .warmup_steps(kSearchWarmupSteps)
                                              .keep_fragmentation_reserve(true));
       },
-      search, clock_,
+      search, decisions_,
       [&](const TrialResult& t, size_t index) {
         searched_.push_back(t);
         reporter_.trial_finished(TunePhase::kSearch, t, index);
@@ -149,7 +149,7 @@ void TunePipeline::evaluation() {
                                            .warmup_steps(0)
                                            .keep_fragmentation_reserve(true));
       },
-      search, clock_,
+      search, decisions_,
       [&](const TrialResult& t, size_t index) {
         reporter_.trial_finished(TunePhase::kEval, t, index);
       });

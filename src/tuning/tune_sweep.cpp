@@ -27,8 +27,8 @@ void TunePipeline::sweep() {
                                       grid.size(), result_.search.max_batch_size, seconds));
   size_t index = 0;
   SweepOptions sweep_options;
-  sweep_options.clock = &clock_;
-  sweep_options.deadline_s = clock_.now_s() + seconds;
+  sweep_options.clock = &decisions_;
+  sweep_options.deadline_s = decisions_.now_s() + seconds;
   sweep_options.objective = options_.objective();
   sweep_options.tolerance = options_.tolerance();
   const SweepOutcome outcome = run_sweep(

@@ -1,7 +1,8 @@
 """Run by test_distributed.py under torchrun: each rank tunes under its own
 emulated budget through the user's Gloo process group. `plain`: a module as
 it is; `ddp`: the same wrapped in DistributedDataParallel with AdamW, tuned
-with the sweep, then two Trainer steps with the plan."""
+with the sweep (the trials in lockstep: each step averages the gradients),
+then two Trainer steps with the plan."""
 import datetime
 import json
 import os
@@ -37,8 +38,22 @@ else:
                             sweep=False, target_batch=1024)
 own = max(t.batch_size for t in result.trials if t.fits)
 record = {"rank": rank, "own": own, "max": result.max_batch_size,
-          "plan": result.plan.to_dict()}
+          "plan": result.plan.to_dict(),
+          "trials": [[t.batch_size, t.fits, t.error] for t in result.trials]}
 if kind == "ddp":
+    # An out-of-memory forced on rank 1 alone, inside the forward, above 40
+    # samples: rank 0 learns of it before it averages, and both agree.
+    def forced(model, batch):
+        if rank == 1 and batch[0].shape[0] > 40:
+            raise torch.OutOfMemoryError("out of memory forced on rank 1")
+        return classify_loss(model, batch)
+
+    forced_result = batchtune.tune(model, optimizer, forced, image_batch((3, 16, 16)),
+                                   memory_limit=limit, report=None, amp="off", max_batch=256,
+                                   sweep=False)
+    record["forced"] = {"max": forced_result.max_batch_size,
+                        "trials": [[t.batch_size, t.fits, t.error]
+                                   for t in forced_result.trials]}
     trainer = batchtune.Trainer(model, optimizer, classify_loss, result.plan)
     make = image_batch((3, 16, 16))
     torch.manual_seed(rank)

@@ -25,7 +25,20 @@ def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["plan"] == ranks[1]["plan"]
     assert ranks[0]["max"] == ranks[1]["max"] == min(r["own"] for r in ranks)
-    assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
+    if kind == "plain":
+        assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
+    else:
+        # In lockstep: the same trials on both ranks, each fitting where it
+        # fits on both (alone, rank 0's larger budget finds a larger batch,
+        # as in the plain case).
+        assert [t[:2] for t in ranks[0]["trials"]] == [t[:2] for t in ranks[1]["trials"]]
+        assert ranks[0]["own"] == ranks[1]["own"]
+        # Rank 1 alone ran out of memory above 40 samples: one answer, 40.
+        forced = [r["forced"] for r in ranks]
+        assert forced[0]["max"] == forced[1]["max"] == 40
+        assert [t[:2] for t in forced[0]["trials"]] == [t[:2] for t in forced[1]["trials"]]
+        assert any(not fits and error.startswith("another rank ran out of memory")
+                   for _, fits, error in forced[0]["trials"]), forced[0]["trials"]
     plan = ranks[0]["plan"]
     assert plan["world_size"] == 2
     assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["accumulation_steps"] * 2

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "batchtune/plan/plan.h"
+#include "batchtune/step/lockstep.h"
 
 namespace batchtune {
 
@@ -39,8 +40,9 @@ std::pair<int64_t, int64_t> shard_range(int64_t size, int64_t rank, int64_t worl
 constexpr int64_t kGradientBucketBytes = 25 << 20;
 
 /// What the training loop asks of the other ranks. With no communicator
-/// (or one process) every call is a no-op that returns the local value.
-class DataParallel {
+/// (or one process) every call is a no-op that returns the local value. It
+/// is also the `RankMaximum` of trials in lockstep.
+class DataParallel : public RankMaximum {
  public:
   explicit DataParallel(Communicator* communicator = nullptr) : communicator_(communicator) {}
 
@@ -88,6 +90,7 @@ class DataParallel {
   int64_t sum(int64_t value);
   /// The minimum over ranks of `value`.
   int64_t min(int64_t value);
+  std::vector<double> max_over_ranks(const std::vector<double>& values) override;
   /// Rank 0's plan, on every rank: one job, one plan.
   Plan agree_plan(const Plan& plan);
 

@@ -20,6 +20,7 @@
 namespace batchtune {
 
 class DeviceMemory;
+class Lockstep;
 class TrainingSnapshot;
 class Workload;
 struct Batch;
@@ -140,6 +141,14 @@ class TrialSubject {
   /// step, the model in eval mode). Returns false where the subject has no
   /// forward-only step (then no evaluation batch is searched).
   virtual bool set_forward_only(bool on) { return !on; }
+  /// Whether a step meets the other ranks (a data-parallel model that
+  /// averages its gradients, a sharded one that gathers its parameters):
+  /// then several ranks run their trials in lockstep (see `Lockstep`).
+  virtual bool communicates() const { return false; }
+  /// The trials' lockstep, before the first trial of a subject that
+  /// communicates (nullptr: none); the step calls `check_peers()` before
+  /// its collectives.
+  virtual void set_lockstep(Lockstep* lockstep) { (void)lockstep; }
 };
 
 /// Forward-only steps on `subject` while in scope (see
@@ -299,6 +308,9 @@ class TrialRunner {
   /// tests, which the subject's steps then advance). Must outlive the runner.
   void set_clock(const Clock& clock) { clock_ = &clock; }
   const Clock& clock() const { return *clock_; }
+  /// Several ranks whose steps communicate: every trial in lockstep with
+  /// the others (nullptr: alone). Must outlive the runner's trials.
+  void set_lockstep(Lockstep* lockstep);
 
   /// Training steps run by all trials so far.
   int64_t total_steps() const { return total_steps_; }
@@ -315,6 +327,7 @@ class TrialRunner {
   DeviceMemory& memory_;
   double margin_;
   const Clock* clock_ = &steady_clock();
+  Lockstep* lockstep_ = nullptr;
   int64_t total_steps_ = 0;
 };
 
