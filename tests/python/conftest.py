@@ -13,6 +13,16 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: with a tiny model, threads only wait
+    on each other (and on a loaded machine, long)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def has_cuda() -> bool:
     return torch.cuda.is_available()
 

@@ -16,13 +16,7 @@ from batchtune import _core
 LIMIT = "16MiB"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # A tiny model: threads only wait on each other (and on a loaded machine, long).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(n):
