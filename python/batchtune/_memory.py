@@ -135,6 +135,8 @@ def uncounted_bytes(tensors) -> int:
     for t in tensors:
         if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
             continue
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank's shard holds the bytes
+            t = t.to_local()
         key = storage_key(t)
         if key == 0 or key in seen:
             continue

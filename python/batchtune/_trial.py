@@ -12,6 +12,8 @@ import torch
 
 from . import _core, _distributed
 from ._data_parallel import ddp_of
+from ._sharded import PeerMeetings, is_sharded
+from ._sharded import reset as reset_sharded
 from ._snapshot import TrainingSnapshot
 from ._step import LossFn, TrainStep, check_batch, to_device
 
@@ -39,6 +41,7 @@ class Subject(_core.TrialSubject):
         self.train_step.track_skips = True
         self.batch = None
         self.snapshot: Optional[TrainingSnapshot] = None
+        self.meetings: Optional[PeerMeetings] = None  # an FSDP2 model's, in lockstep
         self.failed = False
         self.forward_only = False
         # fp16: the loss scale the next trial starts from, the last trial's
@@ -78,13 +81,21 @@ class Subject(_core.TrialSubject):
             return self.loss_fn(self.model, self.batch).detach()
 
     def communicates(self) -> bool:
-        """A DDP model on several ranks: its step averages the gradients, so
-        the ranks run their trials in lockstep."""
+        """A DDP model on several ranks (its step averages the gradients) or an
+        FSDP2 one (it gathers and reduce-scatters): the ranks run their
+        trials in lockstep."""
         ddp = ddp_of(self.model)
-        return ddp is not None and _distributed.active(ddp.process_group)
+        if ddp is not None:
+            return _distributed.active(ddp.process_group)
+        return is_sharded(self.model) and _distributed.active()
 
     def set_lockstep(self, lockstep: Optional["_core.Lockstep"]) -> None:
         self.train_step.lockstep = lockstep
+        if self.meetings is not None:
+            self.meetings.remove()
+            self.meetings = None
+        if lockstep is not None and is_sharded(self.model):
+            self.meetings = PeerMeetings(self.model, lockstep)
 
     def set_forward_only(self, on: bool) -> bool:
         self.forward_only = bool(on)
@@ -109,6 +120,7 @@ class Subject(_core.TrialSubject):
         if self.forward_only:
             self.model.train(self.was_training)
         self.optimizer.zero_grad(set_to_none=True)
+        reset_sharded(self.model)  # a step stopped halfway leaves FSDP2 mid-step
         if self.snapshot is not None:
             self.snapshot.restore()
 

@@ -13,6 +13,8 @@ import torch
 from . import _checks, _core, _distributed
 from ._adapt import Adaptation, adapt_arguments, loss_scale_of
 from ._data_parallel import average_gradients, ddp_of, group_of
+from ._sharded import PeerMeetings, is_sharded, sharded_modules
+from ._sharded import reset as reset_sharded
 from ._memory import oom_count
 from ._step import (LossFn, TrainStep, batch_size_of, check_amp_device, loss_item_count,
                     slice_batch, to_device)
@@ -158,6 +160,17 @@ class Trainer:
         self._lr_ratios = group_lr_ratios([float(g["lr"]) for g in optimizer.param_groups])
         check_amp_device(plan.amp, self.device)
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
+        # An FSDP2 model on several ranks: its forward and backward gather and
+        # reduce-scatter, so its FSDP modules meet the other ranks first, and
+        # an out-of-memory on one rank is agreed there (`_sharded`).
+        self._lockstep = None
+        if is_sharded(model) and _distributed.active(self.group):
+            if adapt:
+                raise _core.Error("adapt: not yet with an FSDP2 (fully_shard) model; train it "
+                                  "with the plan as it is, or adapt a DDP one")
+            self._lockstep = _core.GroupLockstep(
+                _distributed.communicator(self.group, self.device))
+            self._meetings = PeerMeetings(model, self._lockstep)
         self._adapt: Optional[Adaptation] = None
         if adapt_speeds is not None and not adapt:
             raise _core.Error("adapt_speeds: guides adapt; give adapt=True, or leave it out")
@@ -250,7 +263,7 @@ class Trainer:
         items = self._items([slice_batch(batch, begin, end) for batch, begin, end in pieces])
         local = sum(items)
         world, total = 1, local
-        if ddp_of(self.model) is not None:
+        if ddp_of(self.model) is not None or self._lockstep is not None:
             world = _distributed.world_size(self.group)
             total = _distributed.all_sum(local, self.group, self.device)
         if not total > 0:
@@ -270,6 +283,8 @@ class Trainer:
         small_sq = None
         for i, ((batch, begin, end), weight, share) in enumerate(zip(pieces, weights, shares)):
             part = slice_batch(batch, begin, end)
+            if self._lockstep is not None:  # FSDP2 reduce-scatters at the last piece alone
+                sharded_modules(self.model)[0].set_requires_gradient_sync(i + 1 == len(pieces))
             loss = self._step.backward(part, weight)
             if share != 0:  # a piece without items may have a nan loss
                 total += loss.float() * share
@@ -352,6 +367,8 @@ class Trainer:
             oom: Optional[BaseException] = None
             total, small_sq = None, None
             self._step.zero_grad()
+            if self._lockstep is not None:
+                self._lockstep.begin_trial(n)
             ooms_before = oom_count(self.device)
             try:
                 total, small_sq = self._accumulate(pieces, weights, shares, first)
@@ -364,7 +381,7 @@ class Trainer:
                 if _core.classify_failure(str(e), ooms_before, oom_count(self.device)) != "out_of_memory":
                     raise
                 oom = e
-            failed = _distributed.any_rank(oom is not None, self.group, self.device)
+            failed = self._agree(oom is not None)
             if not failed:
                 break
             message = str(oom).split("\n", 1)[0] if oom is not None else "on another rank"
@@ -372,6 +389,7 @@ class Trainer:
                 oom.__traceback__ = None
             del oom, total
             self._step.zero_grad()
+            reset_sharded(self.model)  # FSDP2 as at the end of a step, on every rank
             gc.collect()
             if torch.cuda.is_available() and self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -384,6 +402,17 @@ class Trainer:
         if self._adapt is not None:
             self._adapt_batch(n)
         return float(total)
+
+    def _agree(self, failed: bool) -> bool:
+        """Whether any rank's step failed, known to every rank: one all-reduce,
+        or for an FSDP2 model the lockstep's meeting (a failure learned at a
+        meeting inside the step is not sent again)."""
+        if self._lockstep is None:
+            return _distributed.any_rank(failed, self.group, self.device)
+        if failed:
+            self._lockstep.fail()
+            return True
+        return not self._lockstep.check_peers()
 
     def _measure_noise(self, n: int, small: int, small_sq: Optional[float]) -> None:
         """adapt: the step's (global, averaged) gradient against its first

@@ -183,7 +183,13 @@ void bind_trial_subject(py::module_& m) {
                        "that communicates calls check_peers() before its collectives.")
       .def("check_peers", &Lockstep::check_peers,
            "Meets the other ranks: False when one ran out of memory in this step (stop it "
-           "as an out-of-memory); raises when one stopped with an error.");
+           "as an out-of-memory); raises when one stopped with an error.")
+      .def("failure_agreed", &Lockstep::failure_agreed,
+           "Whether this trial's failure is already known to every rank (meet no more).")
+      .def("begin_trial", &Lockstep::begin_trial, py::arg("batch_size"),
+           "A new step (or trial) at batch_size: no failure agreed yet.")
+      .def("fail", &Lockstep::fail, py::arg("error") = false,
+           "This rank failed: tells the others at their next meeting (once).");
   py::class_<TrialRunner>(m, "TrialRunner",
                           "The C++ trial runner over a Python subject: it times the steps, "
                           "turns an out-of-memory into a result and restores the subject.")

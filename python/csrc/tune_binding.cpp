@@ -23,6 +23,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
 #include "batchtune/distributed/data_parallel.h"
+#include "batchtune/step/lockstep.h"
 #include "batchtune/distributed/distributed.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/monitor.h"
@@ -86,6 +87,13 @@ class PyTuneReporter : public TuneReporter {
       note_keyboard_interrupt();
     }
   }
+};
+
+/// A `Lockstep` with the ranks it meets: the Trainer's, over the user's group.
+struct GroupLockstep {
+  explicit GroupLockstep(Communicator* communicator) : ranks(communicator), lockstep(ranks) {}
+  DataParallel ranks;
+  Lockstep lockstep;
 };
 
 /// A `Communicator` whose collectives are Python's: the package's
@@ -306,6 +314,16 @@ void bind_tune(py::module_& m) {
       "device() (a device string), all_reduce(tensor, op) (op sum, max or min; in place), "
       "broadcast(tensors, root) (in place), report_failure(message).")
       .def(py::init<>());
+  py::class_<GroupLockstep>(
+      m, "GroupLockstep",
+      "A Lockstep over a Communicator's group, for steps outside a tune (the Trainer's): "
+      "begin_trial(n), check_peers(), failure_agreed(), fail(error=False), as Lockstep's.")
+      .def(py::init<Communicator*>(), py::arg("communicator"), py::keep_alive<1, 2>())
+      .def("begin_trial", [](GroupLockstep& g, int64_t n) { g.lockstep.begin_trial(n); })
+      .def("check_peers", [](GroupLockstep& g) { return g.lockstep.check_peers(); })
+      .def("failure_agreed", [](GroupLockstep& g) { return g.lockstep.failure_agreed(); })
+      .def("fail", [](GroupLockstep& g, bool error) { g.lockstep.fail(error); },
+           py::arg("error") = false);
 
   m.def("tune", &run_tune, py::arg("make_runner"), py::arg("memory"), py::arg("options"),
         py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,

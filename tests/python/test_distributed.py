@@ -44,3 +44,29 @@ def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["accumulation_steps"] * 2
     if kind == "ddp":  # trained in step: the same weights on both ranks
         assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_an_fsdp2_model_tunes_in_lockstep_and_is_left_as_it_was(tmp_path, where):
+    """FSDP2 on a CPU mesh: rank 1 alone runs out of memory above 40 samples
+    (in its forward, or in its backward between FSDP's gathers and
+    reduce-scatters); neither rank waits on a collective the other left."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("fsdp_tune_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path), where], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["max"] == ranks[1]["max"] == 40
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    assert ranks[0]["plan"]["world_size"] == 2
+    assert [t[:2] for t in ranks[0]["trials"]] == [t[:2] for t in ranks[1]["trials"]]
+    assert any(not fits and error == "another rank ran out of memory in this step"
+               for _, fits, error in ranks[0]["trials"]), ranks[0]["trials"]
+    assert any(not fits and f"forced on rank 1 ({where})" in error
+               for _, fits, error in ranks[1]["trials"]), ranks[1]["trials"]
+    # Each rank's shards and optimizer state bit-identical after the tune.
+    assert ranks[0]["unchanged"] and ranks[1]["unchanged"]

@@ -1,6 +1,7 @@
-"""The Trainer under DistributedDataParallel cannot fall out of step: two
-processes under torchrun (Gloo), an out-of-memory forced on one rank only in
-the middle of a step, and a branch only one rank uses."""
+"""The Trainer on several ranks cannot fall out of step: two processes under
+torchrun (Gloo), an out-of-memory forced on one rank only in the middle of a
+step, under DistributedDataParallel (and a branch only one rank uses) and
+with an FSDP2 model (in its forward, and in its backward)."""
 import datetime
 import os
 import subprocess
@@ -87,6 +88,26 @@ def test_an_out_of_memory_on_one_rank_mid_step_recovers_on_both_with_one_average
     assert "forced on rank 1" in ranks[1]["oom"]["recoveries"][0]
     # Rank 0's buffers on every rank, as DDP's forward hands them out.
     assert ranks[0]["oom"]["seen"] == ranks[1]["oom"]["seen"]
+    # FSDP2: rank 1's out-of-memory in its forward or backward at the second
+    # micro-batch reaches rank 0 at its next meeting; both retry, and the step
+    # is the one over all 16 samples.
+    for where in ("forward", "backward"):
+        want = _reference((True, True))
+        for rank, got in enumerate(ranks):
+            step = got[f"fsdp_{where}"]
+            for a, b in zip(step["weights"], want):
+                assert torch.allclose(a, b, atol=1e-6), (where, rank)
+            assert step["micro_batch_size"] == 2 and len(step["recoveries"]) == 1, step
+
+
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError("out of memory forced on rank 1 (backward)")
 
 
 def _job(out: Path) -> None:
@@ -125,6 +146,32 @@ def _job(out: Path) -> None:
                                 loss_side_on_rank_0, _plan())
     trainer.step(batch)
     results["unused"] = {"weights": [p.detach().clone() for p in model.module.parameters()]}
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2,))
+    for where in ("forward", "backward"):
+        model = Net()
+        for layer in (model.body, model.head, model.side):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        calls["n"] = 0
+
+        def loss_fsdp(model, b):
+            calls["n"] += 1
+            fail = rank == 1 and calls["n"] == 2 and b[0].shape[0] > 2
+            if fail and where == "forward":
+                raise torch.OutOfMemoryError("out of memory forced on rank 1")
+            loss = _loss(model, b)
+            return _FailInBackward.apply(loss) if fail else loss
+
+        trainer = batchtune.Trainer(model, torch.optim.SGD(model.parameters(), lr=LR),
+                                    loss_fsdp, _plan())
+        trainer.step(batch)
+        results[f"fsdp_{where}"] = {
+            "weights": [p.full_tensor().detach().clone() for p in model.parameters()],
+            "micro_batch_size": trainer.micro_batch_size, "recoveries": trainer.recoveries}
     torch.save(results, out / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
