@@ -151,3 +151,21 @@ def exit_distributed_job() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, message):
+        ctx.message = message
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.OutOfMemoryError(ctx.message)
+
+
+def fail_in_backward(x: torch.Tensor, message: str) -> torch.Tensor:
+    """`x` as it is, whose backward raises `torch.OutOfMemoryError(message)`:
+    an out-of-memory in the middle of a backward pass."""
+    return _FailInBackward.apply(x, message)
+

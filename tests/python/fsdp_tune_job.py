@@ -16,23 +16,13 @@ from torch.distributed.fsdp import fully_shard
 import batchtune
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import exit_distributed_job  # noqa: E402
+from conftest import exit_distributed_job, fail_in_backward  # noqa: E402
 
 out, where = sys.argv[1], sys.argv[2]
 # A collective left unmatched fails within 60 s rather than hanging.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 mesh = init_device_mesh("cpu", (2,))
-
-
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise torch.OutOfMemoryError("out of memory forced on rank 1 (backward)")
 
 
 class Block(torch.nn.Module):
@@ -45,7 +35,9 @@ class Block(torch.nn.Module):
         if big and where == "forward":
             raise torch.OutOfMemoryError("out of memory forced on rank 1 (forward)")
         y = torch.relu(self.lin(x))
-        return _FailInBackward.apply(y) if big and where == "backward" else y
+        if big and where == "backward":
+            return fail_in_backward(y, "out of memory forced on rank 1 (backward)")
+        return y
 
 
 torch.manual_seed(0)

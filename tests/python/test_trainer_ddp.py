@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import batchtune
+from conftest import fail_in_backward
 
 SAMPLES, FEATURES, CLASSES = 16, 6, 3
 LR = 0.1
@@ -100,16 +101,6 @@ def test_an_out_of_memory_on_one_rank_mid_step_recovers_on_both_with_one_average
             assert step["micro_batch_size"] == 2 and len(step["recoveries"]) == 1, step
 
 
-class _FailInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise torch.OutOfMemoryError("out of memory forced on rank 1 (backward)")
-
-
 def _job(out: Path) -> None:
     import torch.distributed as dist
 
@@ -164,7 +155,8 @@ def _job(out: Path) -> None:
             if fail and where == "forward":
                 raise torch.OutOfMemoryError("out of memory forced on rank 1")
             loss = _loss(model, b)
-            return _FailInBackward.apply(loss) if fail else loss
+            return fail_in_backward(loss, "out of memory forced on rank 1 (backward)") if fail \
+                else loss
 
         trainer = batchtune.Trainer(model, torch.optim.SGD(model.parameters(), lr=LR),
                                     loss_fsdp, _plan())
