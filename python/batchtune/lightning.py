@@ -257,6 +257,7 @@ class BatchTune(Callback):
             self._check_adapt(trainer)
 
     def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        _check_strategy(trainer, "BatchTune")
         plan = self._restored
         if plan is None:
             if self.target_batch is not None:  # before the tune's time is spent
@@ -453,11 +454,7 @@ class BatchTune(Callback):
     # -- adapt -------------------------------------------------------------
 
     def _check_adapt(self, trainer: "pl.Trainer") -> None:
-        strategy = trainer.strategy
-        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or \
-                strategy.handles_gradient_accumulation:
-            raise _core.Error(f"adapt: runs on one device or under DDP, not with "
-                              f"{type(strategy).__name__}; use strategy='ddp' or leave adapt off")
+        _check_strategy(trainer, "adapt")
         if any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
             raise _core.Error("adapt: sets the accumulation of every step, which a "
                               "GradientAccumulationScheduler callback sets too; remove it or leave "
@@ -555,6 +552,20 @@ def _check_lengths(lengths: Any, loss_items: Any, adapt: bool, target_batch: Opt
         raise _core.Error("target_batch: with lengths= each optimizer step is one micro-batch of the "
                           "token budget a rank (accumulate_grad_batches 1, so that the loss stays a "
                           "per-token mean); leave target_batch unset")
+
+
+def _check_strategy(trainer: "pl.Trainer", what: str) -> None:
+    """The callback tunes each rank's module on its own device and agrees
+    afterwards: one device or DDP. A sharded strategy (FSDP, ModelParallel,
+    DeepSpeed) would run its gathers inside trials the ranks do not take
+    together; refused in one line."""
+    strategy = trainer.strategy
+    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or \
+            strategy.handles_gradient_accumulation:
+        raise _core.Error(f"{what}: runs on one device or under DDP, not with "
+                          f"{type(strategy).__name__}; use strategy='ddp', or for a model "
+                          f"sharded with fully_shard call batchtune.tune and batchtune.Trainer "
+                          f"in your own loop")
 
 
 def _check_data_holds_a_step(loader: torch.utils.data.DataLoader, global_batch: int,

@@ -198,3 +198,21 @@ def test_callback_reasons_say_where_the_precision_and_the_lr_came_from(caplog):
     quiet_trainer(max_steps=1, callbacks=[asked]).fit(Module(image_data(64)))
     assert "amp off: as asked with amp" in asked.plan.reasons
     assert any("(base_lr)" in r for r in asked.plan.reasons), asked.plan.reasons
+
+
+def test_a_sharded_strategy_is_refused_in_one_line_naming_it():
+    """The callback tunes each rank alone and agrees afterwards: one device or
+    DDP. Under a sharded strategy a trial's gathers would run on one rank at a
+    time, so the callback refuses it before any trial."""
+    import types
+
+    from batchtune.lightning import _check_strategy
+
+    class FSDPStrategy:  # what Lightning's FSDP and ModelParallel strategies are to it
+        pass
+
+    trainer = types.SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(batchtune.Error, match=r"^BatchTune: runs on one device or under DDP, "
+                                              r"not with FSDPStrategy; use strategy='ddp'") as e:
+        _check_strategy(trainer, "BatchTune")
+    assert "\n" not in str(e.value) and "batchtune.tune" in str(e.value)
