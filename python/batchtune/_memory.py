@@ -45,6 +45,10 @@ def resolve_device(device: Union[str, torch.device, None],
         device = torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
     if device.type not in ("cpu", "cuda"):
         raise _core.Error(f"device: '{device}' is not supported; use cpu or cuda[:N]")
+    if device.type == "cpu":
+        # One CPU, whatever its index says (the Hugging Face Trainer's DDP on
+        # CPUs gives each rank cpu:LOCAL_RANK).
+        return torch.device("cpu")
     if device.type == "cuda" and device.index >= torch.cuda.device_count():
         raise _core.Error(f"device: {device}: there are only {torch.cuda.device_count()} CUDA "
                           "device(s), numbered from 0")

@@ -1,6 +1,12 @@
 """batchtune.huggingface.tune_training_args: a small GPT-2 from a config (no
 download) tuned with its real loss on its data set; the returned
 TrainingArguments keep the target global batch and train; no trace."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -93,3 +99,26 @@ def test_helper_counts_every_gpu_of_data_parallel_in_the_global_batch(tmp_path, 
     assert result.plan.world_size == 4
     assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps * 4 == 64
     assert tuned.learning_rate == pytest.approx(1e-3)  # the configured 64 kept: lr unscaled
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_two_processes_of_the_trainers_ddp_get_one_plan_and_train_with_it(tmp_path):
+    """Under torchrun (as `accelerate launch` starts it), the Trainer's DDP on
+    two CPU processes over Gloo, the ranks under different budgets: one plan
+    that fits the smaller, the global batch kept, and the same weights after
+    training with it."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("huggingface_ddp_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
+    for r in ranks:
+        assert r["world"] == 2 and r["global_step"] == 2
+        assert r["micro_batch"] <= ranks[1]["own"]
+        assert r["micro_batch"] * r["accumulation"] == 64  # per device, as asked
+    assert ranks[0]["plan"]["global_batch_size"] == 128
+    assert ranks[0]["weights"] == ranks[1]["weights"]
