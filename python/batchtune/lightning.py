@@ -38,6 +38,7 @@ from ._fit import missing
 from ._lengths import parse_lengths
 from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
 from ._results import TuneResult
+from ._sharded import is_sharded
 from .plan import Plan
 from .token_sampler import TokenBudgetSampler
 
@@ -398,7 +399,10 @@ class BatchTune(Callback):
     def _tune(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> Plan:
         if self.lengths is not None:
             self.sample_lengths = self._sample_lengths(train_loader(trainer, pl_module))
-        self.result = tune_module(trainer, pl_module, self, self._local_group(trainer))
+        # A sharded module's trials gather over every rank, in lockstep: the
+        # default group. Else each rank alone, agreeing afterwards.
+        group = None if is_sharded(pl_module) else self._local_group(trainer)
+        self.result = tune_module(trainer, pl_module, self, group)
         if not self.result.complete:
             raise KeyboardInterrupt
         plan, self._fits = job_plan(trainer, pl_module, self.result)
@@ -555,17 +559,34 @@ def _check_lengths(lengths: Any, loss_items: Any, adapt: bool, target_batch: Opt
 
 
 def _check_strategy(trainer: "pl.Trainer", what: str) -> None:
-    """The callback tunes each rank's module on its own device and agrees
-    afterwards: one device or DDP. A sharded strategy (FSDP, ModelParallel,
-    DeepSpeed) would run its gathers inside trials the ranks do not take
-    together; refused in one line."""
+    """One device, DDP (each rank tuned alone, agreeing afterwards) or, for the
+    tune, `ModelParallelStrategy` as FSDP2 alone (its trials in lockstep over
+    the ranks). Tensor parallelism, FSDP1 and DeepSpeed run collectives the
+    trials cannot meet around; refused in one line."""
     strategy = trainer.strategy
+    if what != "adapt" and _fsdp2_alone(strategy):
+        return
     if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or \
             strategy.handles_gradient_accumulation:
-        raise _core.Error(f"{what}: runs on one device or under DDP, not with "
+        tail = "" if what == "adapt" else \
+            " or ModelParallelStrategy(tensor_parallel_size=1) (FSDP2 alone)"
+        raise _core.Error(f"{what}: runs on one device or under DDP{tail}, not with "
                           f"{type(strategy).__name__}; use strategy='ddp', or for a model "
                           f"sharded with fully_shard call batchtune.tune and batchtune.Trainer "
                           f"in your own loop")
+
+
+def _fsdp2_alone(strategy: Any) -> bool:
+    """Lightning's ModelParallelStrategy with a tensor-parallel size of 1:
+    the module's own `fully_shard` over every rank, nothing else."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if not isinstance(strategy, ModelParallelStrategy):
+        return False
+    try:
+        return strategy.device_mesh["tensor_parallel"].size() == 1
+    except (RuntimeError, KeyError):  # no mesh yet, or one without that dimension
+        return False
 
 
 def _check_data_holds_a_step(loader: torch.utils.data.DataLoader, global_batch: int,

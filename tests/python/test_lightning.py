@@ -201,9 +201,10 @@ def test_callback_reasons_say_where_the_precision_and_the_lr_came_from(caplog):
 
 
 def test_a_sharded_strategy_is_refused_in_one_line_naming_it():
-    """The callback tunes each rank alone and agrees afterwards: one device or
-    DDP. Under a sharded strategy a trial's gathers would run on one rank at a
-    time, so the callback refuses it before any trial."""
+    """The callback tunes on one device, under DDP, or under Lightning's
+    ModelParallelStrategy as FSDP2 alone; another sharded strategy (FSDP1,
+    DeepSpeed, tensor parallelism) runs collectives its trials cannot meet
+    around, so the callback refuses it before any trial."""
     import types
 
     from batchtune.lightning import _check_strategy
@@ -212,7 +213,30 @@ def test_a_sharded_strategy_is_refused_in_one_line_naming_it():
         pass
 
     trainer = types.SimpleNamespace(strategy=FSDPStrategy())
-    with pytest.raises(batchtune.Error, match=r"^BatchTune: runs on one device or under DDP, "
-                                              r"not with FSDPStrategy; use strategy='ddp'") as e:
+    with pytest.raises(batchtune.Error, match=r"^BatchTune: runs on one device or under DDP or "
+                                              r"ModelParallelStrategy\(tensor_parallel_size=1\) "
+                                              r"\(FSDP2 alone\), not with FSDPStrategy; use "
+                                              r"strategy='ddp'") as e:
         _check_strategy(trainer, "BatchTune")
     assert "\n" not in str(e.value) and "batchtune.tune" in str(e.value)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_callback_under_model_parallel_fsdp2_tunes_in_lockstep_and_trains(tmp_path):
+    """ModelParallelStrategy as FSDP2 alone (`fully_shard` in configure_model) on
+    two CPU processes: the trials run on both ranks together (their gathers
+    meet), one plan, and Lightning trains with it."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("lightning_fsdp_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["trials"] == ranks[1]["trials"]
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    plan = ranks[0]["plan"]
+    assert plan["world_size"] == 2
+    for r in ranks:
+        assert r["batch_size"] == plan["micro_batch_size"]
+        assert r["global_step"] >= 1
