@@ -311,7 +311,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     communicator = _distributed.communicator(group, dev)
     started = time.perf_counter()
     written = None
-    with _one_at_a_time("tune"), _measured_device(dev, memory_limit, model, optimizer) as memory:
+    with _one_at_a_time("tune"), _on_every_rank(
+            _measured_device(dev, memory_limit, model, optimizer), group, dev) as memory:
         # One runner per precision the pipeline measures or picks (amp auto
         # on the CPU times fp32 against bf16 inside the time budget).
         subjects = []
@@ -350,6 +351,28 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         seconds=time.perf_counter() - started, report=written,
         eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0,
         memory_model=document.get("tokens", {}).get("model"), _json=document)
+
+
+@contextlib.contextmanager
+def _on_every_rank(manager: Any, group: Optional[Any], device: torch.device) -> Iterator[Any]:
+    """`manager` entered on this rank, and the ranks agreeing that every one
+    entered it, before the tune's first collective: a rank that cannot start
+    (a memory limit below what its model already holds) stops every rank,
+    each with one line, rather than leaving the others in a collective it
+    never joins (a wait until the timeout, or a mismatched one)."""
+    with contextlib.ExitStack() as stack:
+        error: Optional[BaseException] = None
+        entered = None
+        try:
+            entered = stack.enter_context(manager)
+        except Exception as e:  # noqa: BLE001 - raised below, once every rank knows
+            error = e
+        if _distributed.any_rank(error is not None, group, device) and error is None:
+            raise _core.Error("tune: another rank could not start the tune (its own error says "
+                              "why); every rank stops")
+        if error is not None:
+            raise error
+        yield entered
 
 
 def _gradient_bytes(model: torch.nn.Module) -> int:

@@ -272,7 +272,6 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     result.failure = TrialFailure::kOutOfMemory;
     result.error = e.what();
   } catch (const c10::OutOfMemoryError& e) {
-    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/false);
     result.fits = false;
     result.failure = TrialFailure::kOutOfMemory;
     result.error = first_line(e.what_without_backtrace());
@@ -280,9 +279,9 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     // Memory under another name (cuDNN's engine search, cudaMalloc outside
     // the caching allocator) or a size LibTorch refuses; else a real error.
     const StepFailure kind = classify_step_failure(e, ooms_before, memory_.oom_count());
-    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/kind == StepFailure::kError);
     if (kind == StepFailure::kError) {
       put_back();
+      if (lockstep_ != nullptr) lockstep_->fail(/*error=*/true);
       throw;
     }
     result.fits = false;
@@ -302,9 +301,9 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
     const StepFailure kind = is_interrupt(std::current_exception())
                                  ? StepFailure::kError
                                  : classify_step_failure(evidence);
-    if (lockstep_ != nullptr) lockstep_->fail(/*error=*/kind == StepFailure::kError);
     if (kind == StepFailure::kError) {
       put_back();
+      if (lockstep_ != nullptr) lockstep_->fail(/*error=*/true);
       throw;
     }
     result.fits = false;
@@ -320,6 +319,10 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
       options.keep_fragmentation_reserve() ? memory_.reserve_used_bytes() : 0;
   const int64_t over_budget = memory_.over_budget_bytes() + reserve_used;
   put_back();
+  // The peers learn of a failed step once its memory is given back (their
+  // meeting's collective allocates on this rank too); learned from them,
+  // it is not sent again.
+  if (lockstep_ != nullptr && !result.fits) lockstep_->fail(/*error=*/false);
 
   if (result.fits && over_budget > 0) {
     result.fits = false;

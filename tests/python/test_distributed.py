@@ -70,3 +70,20 @@ def test_an_fsdp2_model_tunes_in_lockstep_and_is_left_as_it_was(tmp_path, where)
                for _, fits, error in ranks[1]["trials"]), ranks[1]["trials"]
     # Each rank's shards and optimizer state bit-identical after the tune.
     assert ranks[0]["unchanged"] and ranks[1]["unchanged"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_a_rank_that_cannot_start_the_tune_stops_every_rank_at_once(tmp_path):
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("ddp_tune_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path), "short"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    errors = [json.loads((tmp_path / f"rank{r}.json").read_text())["error"] for r in (0, 1)]
+    assert errors[0] == ("tune: another rank could not start the tune (its own error says "
+                         "why); every rank stops")
+    assert errors[1] is not None and errors[1].startswith("memory_limit:"), errors[1]
+    assert "\n" not in errors[1]
+
