@@ -268,13 +268,13 @@ class BatchTune(Callback):
         if plan.token_budget > 0 and self.lengths is None:
             raise _core.Error("lengths: the checkpoint's plan trains by a token budget; give "
                               "BatchTune(lengths=...) as the run that saved it did")
-        if plan.token_budget == 0:
-            _check_data_holds_a_step(train_loader(trainer, pl_module), plan.global_batch_size,
-                                     "target_batch" if self._restored is None else "plan")
         self.plan = plan
         apply_plan(trainer, pl_module, plan, batch_arg_name=self.batch_arg_name,
                    scale_lr=self.scale_lr, report=self.result.report if self.result else None,
                    resumed=self._restored is not None)
+        if plan.token_budget == 0:  # the loader as the plan makes it (its batch_size set)
+            _check_data_holds_a_step(train_loader(trainer, pl_module), plan.global_batch_size,
+                                     "target_batch" if self._restored is None else "plan")
         if self.adapt:
             self._start_adapt(trainer, pl_module, plan)
         if self.lengths is not None:
