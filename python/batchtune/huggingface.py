@@ -45,7 +45,9 @@ import contextlib
 import dataclasses
 import inspect
 import numbers
+import os
 import sys
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -56,6 +58,7 @@ from ._fit import missing
 from ._lengths import (dataset_lengths, parse_lengths, resolve_lengths,  # noqa: F401
                        sample_length, sequence_length)
 from ._samples import HeaviestFirst
+from ._sharded import is_sharded
 from ._results import TuneResult
 from ._tune import tune
 from .plan import Plan
@@ -131,6 +134,14 @@ def replicas(args: "transformers.TrainingArguments") -> int:
 
 
 # -- sequences of varying length ---------------------------------------------
+
+def _shards_later(args: "transformers.TrainingArguments", model: torch.nn.Module) -> bool:
+    """Whether the Trainer will shard a model that is not sharded yet: FSDP
+    asked in the arguments (`fsdp`) or by `accelerate launch --use_fsdp`."""
+    asked = bool(getattr(args, "fsdp", None)) or \
+        os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    return asked and not is_sharded(model)
+
 
 def _vocab_size(model: torch.nn.Module) -> int:
     size = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -284,6 +295,12 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `sweep`,
             `lr_scaling`, `warmup_steps`, ...).
 
+    Under several processes (torchrun, `accelerate launch`) every process
+    calls it and gets the same arguments. A model sharded with FSDP2
+    (`fully_shard`) is tuned sharded, its trials in lockstep over the
+    processes; a model the Trainer is yet to shard (`fsdp` in `args`,
+    `accelerate launch --use_fsdp`) is tuned whole, with a warning.
+
     The learning rate in `args` is taken as right for the batch `args`
     configure; it is scaled to the target (unchanged when the target is that
     batch). A plan in bf16/fp16 sets `bf16`/`fp16` (and clears the other).
@@ -337,6 +354,11 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
 
     if lengths is not None:
         kwargs["lengths"] = lengths
+    if _shards_later(args, model):
+        warnings.warn("batchtune: the Trainer will shard this model with FSDP, but it is tuned whole "
+                      "on every process: the plan is smaller than sharding allows; to tune what you "
+                      "train, shard it with torch's fully_shard (FSDP2) before tune_training_args, "
+                      "which accelerate then keeps as it is", stacklevel=2)
     # The base lr is the TrainingArguments', not a base_lr the caller gave.
     sources = {"base_lr": "the TrainingArguments' learning_rate"}
     # The tune plans for the whole job: the target batch over `world`

@@ -2,6 +2,7 @@
 download) tuned with its real loss on its data set; the returned
 TrainingArguments keep the target global batch and train; no trace."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,19 +102,31 @@ def test_helper_counts_every_gpu_of_data_parallel_in_the_global_batch(tmp_path, 
     assert tuned.learning_rate == pytest.approx(1e-3)  # the configured 64 kept: lr unscaled
 
 
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
-def test_two_processes_of_the_trainers_ddp_get_one_plan_and_train_with_it(tmp_path):
-    """Under torchrun (as `accelerate launch` starts it), the Trainer's DDP on
-    two CPU processes over Gloo, the ranks under different budgets: one plan
-    that fits the smaller, the global batch kept, and the same weights after
-    training with it."""
-    torchrun = Path(sys.executable).with_name("torchrun")
+def launch(launcher, job, tmp_path, *flags):
+    """Runs a job of this folder on two CPU processes, by torchrun or by
+    `accelerate launch` (explicit flags: no accelerate config file is read)."""
+    tools = Path(sys.executable).parent
+    if launcher == "torchrun":
+        command = [str(tools / "torchrun"), "--standalone", "--nproc_per_node", "2"]
+    else:
+        pytest.importorskip("accelerate")
+        command = [str(tools / "accelerate"), "launch", *flags, "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    job = Path(__file__).with_name("huggingface_ddp_job.py")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*command, str(Path(__file__).with_name(job)), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_two_processes_of_the_trainers_ddp_get_one_plan_and_train_with_it(tmp_path, launcher):
+    """Under torchrun and under `accelerate launch --multi_gpu` (on CPUs: the
+    Trainer's DDP on two processes over Gloo), the ranks under different
+    budgets: one plan that fits the smaller, the global batch kept, and the
+    same weights after training with it."""
+    ranks = launch(launcher, "huggingface_ddp_job.py", tmp_path, "--multi_gpu")
     assert ranks[0]["plan"] == ranks[1]["plan"]
     assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
     for r in ranks:
@@ -122,3 +135,31 @@ def test_two_processes_of_the_trainers_ddp_get_one_plan_and_train_with_it(tmp_pa
         assert r["micro_batch"] * r["accumulation"] == 64  # per device, as asked
     assert ranks[0]["plan"]["global_batch_size"] == 128
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+def test_a_model_sharded_with_fsdp2_is_tuned_sharded_under_accelerate_launch(tmp_path):
+    """`accelerate launch --use_fsdp --fsdp_version 2`, two CPU processes
+    under different budgets, a GPT-2 the user sharded with fully_shard: the
+    trials run in lockstep (the same on both ranks, each fitting where it
+    fits on both), one plan, the shards as they were, and the plan trains."""
+    ranks = launch("accelerate", "huggingface_fsdp_job.py", tmp_path, "--use_fsdp",
+                   "--fsdp_version", "2")
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    assert ranks[0]["trials"] == ranks[1]["trials"]
+    assert any(fits for _, fits in ranks[0]["trials"]) and not all(f for _, f in ranks[0]["trials"])
+    for r in ranks:
+        assert r["world"] == 2 and r["unchanged"]
+        assert r["micro_batch"] <= r["own"] < 64  # 64 a process does not fit: accumulated
+        assert r["micro_batch"] * r["accumulation"] == 64
+        assert len(r["losses"]) == 2 and all(math.isfinite(loss) for loss in r["losses"])
+    assert ranks[0]["plan"]["global_batch_size"] == 128
+
+
+def test_a_model_the_trainer_will_shard_is_tuned_whole_with_a_warning(tmp_path):
+    args = training_args(tmp_path, fsdp=True, max_steps=1)
+    with pytest.warns(UserWarning, match="the Trainer will shard this model with FSDP, but it is "
+                                         "tuned whole on every process"):
+        tuned = tune_training_args(tiny_gpt2(), args, token_data(), memory_limit=LIMIT,
+                                   report=None, amp="off", sweep=False, quiet=True)
+    assert tuned.per_device_train_batch_size >= 1
