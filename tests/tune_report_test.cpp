@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "batchtune/reports/tune_json.h"
 #include "reports/svg_chart.h"
 
 namespace batchtune {
@@ -156,6 +157,21 @@ TEST(TuneResult, AnInterruptedReportSaysSo) {
   EXPECT_NE(html.find("No batch size chosen"), std::string::npos);
   EXPECT_EQ(html.find("Chosen batch size: 0"), std::string::npos);
   EXPECT_EQ(html.find("<h2>Plan</h2>"), std::string::npos);
+}
+
+TEST(TuneResult, ACompiledModelsCompilationIsInTheJsonAndThePageAndAnEagerOnesIsNull) {
+  TuneResult r = sample_report();
+  EXPECT_TRUE(to_json(r).at("compile").is_null());
+  EXPECT_EQ(html_report(r).find("Compiled:"), std::string::npos);
+  r.compile = CompileRecord{12.5, 2, 1, "The compile phase ran 12.0 s before the budget."};
+  const nlohmann::json json = to_json(r);
+  EXPECT_DOUBLE_EQ(json.at("compile").at("compile_seconds").get<double>(), 12.5);
+  EXPECT_EQ(json.at("compile").at("graphs"), 2);
+  EXPECT_EQ(json.at("compile").at("recompiles"), 1);
+  EXPECT_EQ(json.at("compile").at("note"), "The compile phase ran 12.0 s before the budget.");
+  EXPECT_NE(html_report(r).find("Compiled: 12.5 s compiling, 2 graph(s), 1 recompile(s) in the "
+                                "trials. The compile phase ran 12.0 s before the budget."),
+            std::string::npos);
 }
 
 }  // namespace

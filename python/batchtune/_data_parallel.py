@@ -23,7 +23,9 @@ DDP = torch.nn.parallel.DistributedDataParallel
 
 
 def ddp_of(model: torch.nn.Module) -> Optional[DDP]:
-    """The model as `DistributedDataParallel`, or None when it is not one."""
+    """The model as `DistributedDataParallel` (under `torch.compile`'s wrapper
+    too: DDP is compiled after wrapping), or None when it is not one."""
+    model = getattr(model, "_orig_mod", model)
     return model if isinstance(model, DDP) else None
 
 

@@ -123,6 +123,15 @@ class TuneResult:
     per_token_length_bytes × (batch × length²), with `fit_error` (the
     largest relative error over the trials fitted); the length phase's
     trials and checks are in `to_dict()["tokens"]`. None without lengths."""
+    compile_seconds: Optional[float] = None
+    """A compiled model (`torch.compile`): the seconds spent compiling — the
+    compile phase, one step at batch 2 at each precision the tune runs,
+    before the time budget's phases and outside the budget — and any graph
+    compiled later in a trial. None for an eager model."""
+    recompiles: Optional[int] = None
+    """A compiled model: graphs compiled inside the trials, after the compile
+    phase (0 when the batch dimension stayed dynamic; more, with a warning,
+    when the model specialises on the batch size). None for an eager model."""
     _json: Dict[str, Any] = dataclasses.field(repr=False, default_factory=dict)
 
     def speed_profile(self) -> Dict[int, Tuple[float, float, float]]:

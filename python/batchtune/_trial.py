@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import _core, _distributed
+from ._compile import is_compiled, mark_dynamic
 from ._data_parallel import ddp_of
 from ._sharded import PeerMeetings, is_sharded
 from ._sharded import reset as reset_sharded
@@ -37,6 +38,9 @@ class Subject(_core.TrialSubject):
         self.device = device
         self.amp = amp
         self.loss_fn = loss_fn
+        # A compiled model: the batch dimension (and the length) dynamic, so
+        # one graph serves every batch size the tune tries.
+        self.dynamic_dims = ((0, 1) if longest else (0,)) if is_compiled(model) else ()
         self.train_step = TrainStep(model, optimizer, loss_fn, device, amp)
         self.train_step.track_skips = True
         self.batch = None
@@ -60,6 +64,7 @@ class Subject(_core.TrialSubject):
         # A batch of another size would be measured as n samples.
         check_batch(batch, n)
         self.batch = to_device(batch, self.device)
+        mark_dynamic(self.batch, self.dynamic_dims)
 
     def set_sequence_length(self, length: int) -> None:
         if length and not self.longest:

@@ -10,11 +10,14 @@ import json
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _checks, _core, _distributed
+from ._checkpointing import MODES as CHECKPOINTING_MODES
+from ._checkpointing import Checkpointing, CheckpointingRun, choose_checkpointing
+from ._compile import CompileWatch, compile_phase, compiled_amps, is_compiled
 from ._lengths import parse_lengths
 from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
 from ._results import ProbeResult, SweepRow, TuneResult
@@ -200,6 +203,7 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
          lr_scaling: Optional[str] = None, warmup_steps: Optional[int] = None,
          multiple_of: Optional[int] = None, world_size: Optional[int] = None,
          group: Optional[Any] = None, verbose: bool = False, lengths: Any = None,
+         checkpointing: str = "off", checkpoint_modules: Optional[Sequence[Any]] = None,
          _sources: Optional[Dict[str, str]] = None) -> TuneResult:
     """Finds the largest batch your training step fits at, sweeps speed against
     batch size up to it, chooses, and plans the training — every trial your own
@@ -257,6 +261,26 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             scaled to the samples such a step holds at the data's mean
             length. Train it with `TokenBudgetSampler` and
             `Trainer(..., loss_items=...)`.
+        checkpointing: activation checkpointing — "off" (default), "on" (the
+            trials recompute, and the plan keeps it), or "auto": a tune
+            without it and one with it, each on half the time budget, and
+            the plan keeps it only where its chosen batch ran faster beyond
+            both measurements' spread (or only it fits; the largest batch for
+            "max-fit"), saying so in its reasons ("checkpointing fits 9
+            against 6 at 0.78x the samples/s ...: kept off"). The model is
+            left with it on where the plan keeps it, else as found.
+        checkpoint_modules: the module classes (or class names) whose
+            forward recomputes, under PyTorch's non-reentrant
+            `torch.utils.checkpoint`; default a Hugging Face model's own
+            `gradient_checkpointing_enable()`.
+
+    A compiled model (`torch.compile(model)` or `model.compile()`) is tuned
+    compiled: a compile phase of its own first (one step at batch 2 at each
+    precision the tune runs, with the sweep also at batch 1 and forward-only,
+    outside the time budget), the batch dimension
+    dynamic so no trial compiles again; `result.compile_seconds` and
+    `result.recompiles` say what it cost (a warning when a model recompiles
+    in the trials anyway).
 
     Ctrl-C ends it with what was measured (`complete` False), leaving no trace.
     One tune or probe runs at a time in a process: one called from another
@@ -300,42 +324,70 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
     if not (lr > 0):
         raise _core.Error("base_lr: every parameter group of the optimizer has lr 0; give base_lr "
                           "(the lr the plan scales) or an optimizer with a positive lr")
-    # Resolved once, every option checked (its errors named as Python names them).
-    options = _core.TuneOptions(
-        amp=amp, margin=margin, strategy=strategy, max_batch=max_batch,
-        search_tolerance=search_tolerance, time_budget_s=float(time_budget), objective=objective,
-        tolerance=tolerance, target_batch=target_batch, base_lr=lr, base_batch=base_batch,
-        lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
-        multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources,
-        mean_length=seqs.mean if seqs is not None else None).resolve()
+    checkpointing = _checks.choice("checkpointing", checkpointing, CHECKPOINTING_MODES)
+    if checkpoint_modules is not None and checkpointing == "off":
+        raise _core.Error("checkpoint_modules: names the blocks to recompute; give "
+                          "checkpointing=\"on\" or \"auto\" with it")
+    recompute = Checkpointing(model, checkpoint_modules) if checkpointing != "off" else None
+    # auto: a tune without checkpointing, then one with it, each on half the budget.
+    configurations = {"off": [False], "on": [True], "auto": [False, True]}[checkpointing]
+
+    def options_for(budget: float) -> "_core.ResolvedTuneOptions":
+        # Resolved once, every option checked (its errors named as Python names them).
+        return _core.TuneOptions(
+            amp=amp, margin=margin, strategy=strategy, max_batch=max_batch,
+            search_tolerance=search_tolerance, time_budget_s=budget, objective=objective,
+            tolerance=tolerance, target_batch=target_batch, base_lr=lr, base_batch=base_batch,
+            lr_scaling=lr_scaling, warmup_steps=warmup_steps, optimizer=optimizer_kind(optimizer),
+            multiple_of=multiple_of, sweep=sweep, world_size=world_size, sources=sources,
+            mean_length=seqs.mean if seqs is not None else None).resolve()
+
+    options = options_for(float(time_budget) / len(configurations))
     communicator = _distributed.communicator(group, dev)
     started = time.perf_counter()
-    written = None
+    runs = []
+    kept = False  # whether checkpointing stays on after the tune
     with _one_at_a_time("tune"), _on_every_rank(
             _measured_device(dev, memory_limit, model, optimizer), group, dev) as memory:
-        # One runner per precision the pipeline measures or picks (amp auto
-        # on the CPU times fp32 against bf16 inside the time budget).
-        subjects = []
-
-        def make_runner(amp_mode: str) -> "_core.TrialRunner":
-            subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode,
-                              longest=seqs.longest if seqs is not None else 0)
-            subjects.append(subject)
-            return Runner(subject, memory, margin)._cpp
-
         try:
-            core = _core.tune(make_runner, memory, options, communicator=communicator,
-                              verbose=verbose, report=report or "",
-                              lengths=(seqs.shortest, seqs.longest) if seqs is not None else None,
-                              gradient_bytes=_gradient_bytes(model) if seqs is not None else 0)
+            for on in configurations:
+                if on:
+                    recompute.on()
+                runs.append(_run_pipeline(model, optimizer, loss_fn, make_batch, dev, amp, seqs,
+                                          memory, margin, options, communicator, verbose, sweep))
+                if not runs[-1][0].complete:
+                    break  # Ctrl-C: what was measured, no second configuration
+                if on and checkpointing == "on":
+                    kept = True
+            reason = ""
+            if not runs[-1][0].complete:
+                kept = False  # the interrupted configuration is the answer, partial
+            elif checkpointing == "auto":
+                # Without a sweep the plan takes the largest batch, as max-fit does.
+                kept, reason = choose_checkpointing(*(_summary(core) for core, _ in runs),
+                                                    objective if sweep else "max-fit")
+            elif checkpointing == "on":
+                reason = "activation checkpointing on: as asked with checkpointing"
         finally:
-            for subject in subjects:
-                subject.batch = None
+            if recompute is not None and not kept:
+                recompute.undo()
+        interrupted = not runs[-1][0].complete
+        core, watch = runs[-1] if kept or interrupted or checkpointing == "on" else runs[0]
+        if recompute is not None:
+            core.set_checkpointing(kept, recompute.module_names, reason)
+        elif core.diagnosis.kind == "memory-bound":
+            diagnosis = core.diagnosis
+            diagnosis.text += "; or activation checkpointing (checkpointing=\"auto\"), not tried"
+            core.diagnosis = diagnosis
+        written = None
         if report and _distributed.rank(group) == 0 and (list(core.sweep) or not core.complete):
+            core.write_report(report)
             written = report
     # Every text of the result (reasons, warnings, diagnosis, the JSON)
     # names Python's arguments: the options said so (TuneOptions).
     document = json.loads(core.to_json())
+    if watch is not None:
+        watch.warn()
     plan = None
     if core.plan_json is not None:
         plan = Plan(**json.loads(core.plan_json))
@@ -350,7 +402,67 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
         reason=core.selection.reason, diagnosis=core.diagnosis.text,
         seconds=time.perf_counter() - started, report=written,
         eval_batch_size=plan.eval_micro_batch_size if plan is not None else 0,
-        memory_model=document.get("tokens", {}).get("model"), _json=document)
+        memory_model=document.get("tokens", {}).get("model"),
+        compile_seconds=watch.seconds if watch is not None else None,
+        recompiles=watch.recompiles if watch is not None else None, _json=document)
+
+
+def _run_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+                  make_batch: MakeBatch, dev: torch.device, amp: str, seqs: Any,
+                  memory: "_core.DeviceMemory", margin: float,
+                  options: "_core.ResolvedTuneOptions", communicator: Any, verbose: bool,
+                  sweep: bool) -> Tuple["_core.TuneReport", Optional[CompileWatch]]:
+    """The library's pipeline over the user's step as the model is now (one
+    configuration), after a compiled model's compile phase; the core's result
+    and the compile watch (None for an eager model)."""
+    # One runner per precision the pipeline measures or picks (amp auto
+    # on the CPU times fp32 against bf16 inside the time budget).
+    subjects = []
+
+    def make_runner(amp_mode: str) -> "_core.TrialRunner":
+        subject = Subject(model, optimizer, loss_fn, make_batch, dev, amp_mode,
+                          longest=seqs.longest if seqs is not None else 0)
+        subjects.append(subject)
+        return Runner(subject, memory, margin)._cpp
+
+    def warm(amp_mode: str, batch_size: int, forward_only: bool) -> "_core.TrialResult":
+        runner = make_runner(amp_mode)
+        subjects[-1].set_forward_only(forward_only)
+        return runner.run(_core.TrialOptions(batch_size=batch_size, steps=1, warmup_steps=0))
+
+    watch = CompileWatch() if is_compiled(model) else None
+    try:
+        with watch or contextlib.nullcontext():
+            if watch is not None:
+                compile_phase(warm, compiled_amps(amp, dev), sweep, watch)
+            # The time budget starts here: a compile phase is outside it.
+            core = _core.tune(make_runner, memory, options, communicator=communicator,
+                              verbose=verbose,
+                              lengths=(seqs.shortest, seqs.longest) if seqs is not None else None,
+                              gradient_bytes=_gradient_bytes(model) if seqs is not None else 0,
+                              compile=watch.record if watch is not None else None)
+    finally:
+        for subject in subjects:
+            subject.batch = None
+    return core, watch
+
+
+def _summary(core: "_core.TuneReport") -> CheckpointingRun:
+    """What the checkpointing choice reads of one configuration's tune: its
+    largest batch, and the speed of its chosen one with its interval."""
+    chosen = core.selection.batch_size
+    rows = [SweepRow._from_core(r) for r in list(core.sweep)]
+    trials = [t for t in list(core.search.trials) if t.fits]
+    for row in rows:
+        if row.batch_size == chosen:
+            return CheckpointingRun(core.search.max_batch_size, chosen, row.samples_per_s,
+                                    row.samples_per_s_ci)
+    for t in reversed(trials):
+        if t.batch_size == chosen:
+            probe = ProbeResult._from_core(t, "off", "")
+            return CheckpointingRun(core.search.max_batch_size, chosen, probe.samples_per_s,
+                                    probe.samples_per_s_ci)
+    return CheckpointingRun(core.search.max_batch_size, chosen, 0.0, None)
 
 
 @contextlib.contextmanager

@@ -293,7 +293,10 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
             The returned arguments also suit a plain Trainer at fixed
             micro-batches (the plan's, padded to at most the longest).
         tune_kwargs: more `batchtune.tune` options (`max_batch`, `sweep`,
-            `lr_scaling`, `warmup_steps`, ...).
+            `lr_scaling`, `warmup_steps`, `checkpointing` — "auto" measures
+            the model with and without gradient checkpointing, and the
+            returned arguments set `gradient_checkpointing` where the plan
+            keeps it —, ...).
 
     Under several processes (torchrun, `accelerate launch`) every process
     calls it and gets the same arguments. A model sharded with FSDP2
@@ -432,12 +435,20 @@ def _trial_batches(trainer, model: torch.nn.Module, args, train_dataset: Any,
 
 def _tuned_args(args, plan: Plan):
     """A copy of `args` with the plan: micro-batch, accumulation, lr, its
-    warm-up (unless `args` already warm up longer), precision, eval batch."""
+    warm-up (unless `args` already warm up longer), precision, eval batch,
+    gradient checkpointing where the plan keeps it."""
     changes = dict(per_device_train_batch_size=plan.micro_batch_size,
                    gradient_accumulation_steps=plan.accumulation_steps,
                    learning_rate=plan.lr, bf16=plan.amp == "bf16", fp16=plan.amp == "fp16")
     if plan.eval_micro_batch_size > 0:
         changes["per_device_eval_batch_size"] = plan.eval_micro_batch_size
+    if plan.checkpointing == "on" and not plan.checkpoint_modules:  # the model's own switch
+        # transformers 5.2x names it activation_checkpointing (the old name
+        # an alias that a copy of the args overwrites).
+        name = "activation_checkpointing" if hasattr(args, "activation_checkpointing") else \
+            "gradient_checkpointing"
+        changes[name] = True
+        changes[f"{name}_kwargs"] = {"use_reentrant": False}
     if plan.warmup_steps > 0 and not (args.warmup_steps >= 1 and args.warmup_steps >= plan.warmup_steps):
         changes["warmup_steps"] = plan.warmup_steps
     return dataclasses.replace(args, **changes)

@@ -61,6 +61,13 @@ class Plan:
     """With a token budget: real tokens per optimizer step over every
     process (the budget on each by default), reached by accumulating
     micro-batches; the lr belongs to the samples such a step holds."""
+    checkpointing: str = "off"
+    """Activation checkpointing: "on" when the plan keeps it (the blocks
+    recompute their activations in the backward pass; `Trainer` turns it on),
+    else "off"."""
+    checkpoint_modules: List[str] = dataclasses.field(default_factory=list)
+    """With checkpointing on: the class names of the modules that recompute;
+    empty for the model's own switch (`gradient_checkpointing_enable()`)."""
     reasons: List[str] = dataclasses.field(default_factory=list)
     """One sentence per choice, saying why and where its value came from."""
     warnings: List[str] = dataclasses.field(default_factory=list)
@@ -98,10 +105,13 @@ class Plan:
 
     def to_dict(self) -> Dict[str, Any]:
         """The plan JSON's fields; the token fields only with a token budget,
-        as the CLI writes them."""
+        and the checkpointing ones only when on, as the CLI writes them."""
         data = dataclasses.asdict(self)
         if self.token_budget <= 0:
             for key in ("token_budget", "length_buckets", "tokens_per_step"):
+                del data[key]
+        if self.checkpointing != "on":
+            for key in ("checkpointing", "checkpoint_modules"):
                 del data[key]
         return data
 

@@ -12,6 +12,7 @@ import torch
 
 from . import _checks, _core, _distributed
 from ._adapt import Adaptation, adapt_arguments, loss_scale_of
+from ._checkpointing import Checkpointing
 from ._data_parallel import average_gradients, ddp_of, group_of
 from ._sharded import PeerMeetings, is_sharded, sharded_modules
 from ._sharded import reset as reset_sharded
@@ -159,6 +160,8 @@ class Trainer:
         # that group's; a group at lr 0 is frozen and stays at 0.
         self._lr_ratios = group_lr_ratios([float(g["lr"]) for g in optimizer.param_groups])
         check_amp_device(plan.amp, self.device)
+        if plan.checkpointing == "on":  # the plan's batch fits only with it
+            Checkpointing(model, plan.checkpoint_modules).on()
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
         # An FSDP2 model on several ranks: its forward and backward gather and
         # reduce-scatter, so its FSDP modules meet the other ranks first, and

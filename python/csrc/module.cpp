@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
 #include "batchtune/common/interrupt.h"
@@ -339,7 +340,24 @@ void bind_report(py::module_& m) {
             return dump(to_json(*r.plan));
           },
           "The plan as JSON text (the fields of `batchtune plan --json`), or None.")
-      .def("to_json", [](const TuneResult& r) { return dump(to_json(r)); });
+      .def("to_json", [](const TuneResult& r) { return dump(to_json(r)); })
+      .def(
+          "set_checkpointing",
+          [](TuneResult& r, bool on, const std::vector<std::string>& modules,
+             const std::string& reason) {
+            if (!r.plan) return;
+            r.plan->checkpointing = on;
+            r.plan->checkpoint_modules = on ? modules : std::vector<std::string>{};
+            if (!reason.empty()) r.plan->reasons.push_back({PlanField::kNote, reason});
+          },
+          py::arg("on"), py::arg("modules"), py::arg("reason"),
+          "The activation checkpointing the plan keeps, and why (a reason of its own).")
+      .def(
+          "write_report",
+          [](const TuneResult& r, const std::string& path) {
+            write_file_atomically(path, html_report(r));
+          },
+          py::arg("path"), "The HTML report of this result, written whole.");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -207,7 +208,8 @@ OptionSources python_sources(const std::map<std::string, std::string>& sources) 
 TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
                     const ResolvedTuneOptions& resolved, TuneReporter* reporter,
                     Communicator* communicator, bool verbose, const std::string& report,
-                    std::optional<std::pair<int64_t, int64_t>> lengths, int64_t gradient_bytes) {
+                    std::optional<std::pair<int64_t, int64_t>> lengths, int64_t gradient_bytes,
+                    const py::object& compile) {
   ResolvedTuneOptions options = resolved;
   clear_keyboard_interrupt();
   options.stop(python_stop);
@@ -232,7 +234,13 @@ TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
   std::optional<LengthRange> range;
   if (lengths) range = LengthRange{lengths->first, lengths->second};
   PythonSubject subject(make_runner, range, gradient_bytes);
-  const TuneResult r = tune(subject, memory, options, &reporters);
+  TuneResult r = tune(subject, memory, options, &reporters);
+  if (!compile.is_none()) {
+    // A compiled model: what compiling took, known once the trials ran.
+    const auto [seconds, graphs, recompiles, note] =
+        compile().cast<std::tuple<double, int64_t, int64_t, std::string>>();
+    r.compile = CompileRecord{seconds, graphs, recompiles, note};
+  }
   if (!report.empty() && primary && (!r.sweep.empty() || !r.complete)) {
     write_file_atomically(report, html_report(r));
   }
@@ -328,20 +336,21 @@ void bind_tune(py::module_& m) {
   m.def("tune", &run_tune, py::arg("make_runner"), py::arg("memory"), py::arg("options"),
         py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
         py::arg("verbose") = false, py::arg("report") = "", py::arg("lengths") = py::none(),
-        py::arg("gradient_bytes") = 0,
+        py::arg("gradient_bytes") = 0, py::arg("compile") = py::none(),
         "batchtune::tune: precision, search, sweep, choice, plan under one time budget, with the "
         "utilization monitor; `make_runner(amp)` gives the TrialRunner of each precision it "
         "measures or picks; the result as `TuneReport`. A KeyboardInterrupt in a trial ends it "
         "with what was measured (complete False). `lengths` (shortest, longest): sequences, "
         "with the length phase and a token budget (`gradient_bytes` kept free for the "
-        "gradients held while micro-batches accumulate).");
+        "gradients held while micro-batches accumulate). `compile`: for a compiled model, "
+        "`compile()` → (seconds, graphs, recompiles, note), asked after the trials.");
   m.def(
       "tune",
       [](const py::function& make_runner, DeviceMemory& memory, const TuneOptions& options,
          TuneReporter* reporter, Communicator* communicator, bool verbose,
          const std::string& report) {
         return run_tune(make_runner, memory, resolve(options), reporter, communicator, verbose,
-                        report, std::nullopt, 0);
+                        report, std::nullopt, 0, py::none());
       },
       py::arg("make_runner"), py::arg("memory"), py::arg("options"),
       py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,

@@ -55,6 +55,10 @@ nlohmann::json to_json(const Plan& plan) {
     json["length_buckets"] = std::move(buckets);
     json["tokens_per_step"] = plan.tokens_per_step;
   }
+  if (plan.checkpointing) {
+    json["checkpointing"] = "on";
+    json["checkpoint_modules"] = plan.checkpoint_modules;
+  }
   return json;
 }
 
@@ -132,7 +136,7 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   r.only({"micro_batch_size", "accumulation_steps", "world_size", "global_batch_size", "lr",
           "lr_scaling", "warmup_steps", "amp", "workers", "pin_memory", "prefetch",
           "eval_micro_batch_size", "reasons", "warnings", "workload", "token_budget",
-          "length_buckets", "tokens_per_step"});
+          "length_buckets", "tokens_per_step", "checkpointing", "checkpoint_modules"});
   Plan plan;
   plan.micro_batch_size = r.integer("micro_batch_size", 1);
   plan.accumulation_steps = r.integer("accumulation_steps", 1);
@@ -239,6 +243,26 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     if (json.contains("tokens_per_step")) plan.tokens_per_step = r.integer("tokens_per_step", 0);
   } else if (json.contains("tokens_per_step")) {
     r.fail("tokens_per_step", "belongs to a token budget; give token_budget and length_buckets too");
+  }
+  if (json.contains("checkpointing")) {
+    const std::string mode = r.text("checkpointing");
+    if (mode != "on" && mode != "off") {
+      r.fail("checkpointing", "must be \"on\" or \"off\", got \"" + mode + "\"");
+    }
+    plan.checkpointing = mode == "on";
+  }
+  if (json.contains("checkpoint_modules")) {
+    const auto& modules = json["checkpoint_modules"];
+    if (!plan.checkpointing) {
+      r.fail("checkpoint_modules", "belongs to checkpointing \"on\"; give that too");
+    }
+    if (!modules.is_array()) r.fail("checkpoint_modules", "must be a list of class names");
+    for (const auto& name : modules) {
+      if (!name.is_string() || name.get<std::string>().empty()) {
+        r.fail("checkpoint_modules", "must be a list of class names, got " + name.dump());
+      }
+      plan.checkpoint_modules.push_back(name.get<std::string>());
+    }
   }
   if (json.contains("reasons")) {
     const auto& reasons = json["reasons"];

@@ -66,6 +66,14 @@ nlohmann::json to_json(const TuneResult& report) {
     j["phase_seconds"] = phases;
     j["complete"] = report.complete;
     if (!report.complete) j["interrupted_by"] = report.interrupted_by;
+    if (report.compile) {
+      j["compile"] = {{"compile_seconds", report.compile->seconds},
+                      {"graphs", report.compile->graphs},
+                      {"recompiles", report.compile->recompiles},
+                      {"note", report.compile->note}};
+    } else {
+      j["compile"] = nullptr;
+    }
   };
   if (report.search_only) {
     finish(out);

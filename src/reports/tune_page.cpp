@@ -92,10 +92,21 @@ std::string plan_html(const Plan& p) {
   return fmt::format(
       "<h2>Plan</h2><p class='plan'>micro-batch <b>{}</b> &times; {} accumulation &times; {} "
       "process(es) = global batch <b>{}</b>; lr {:.6g} ({} scaling), warm-up {} steps; amp {}; "
-      "{} loader worker(s), prefetch {}, pinned memory {}</p><ul>{}</ul>\n",
+      "{} loader worker(s), prefetch {}, pinned memory {}{}</p><ul>{}</ul>\n",
       p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
       lr_scaling_name(p.lr_scaling), p.warmup_steps, amp_name(p.amp), p.workers, p.prefetch,
-      p.pin_memory ? "on" : "off", reasons);
+      p.pin_memory ? "on" : "off", p.checkpointing ? "; activation checkpointing on" : "",
+      reasons);
+}
+
+/// A compiled model's compile phase, in the verdict: its seconds, graphs and
+/// recompiles, and what its time was charged to.
+std::string compile_html(const std::optional<CompileRecord>& compile) {
+  if (!compile) return "";
+  return fmt::format("<p>Compiled: {:.1f} s compiling, {} graph(s), {} recompile(s) in the trials. "
+                     "{}</p>",
+                     compile->seconds, compile->graphs, compile->recompiles,
+                     html_escape(compile->note));
 }
 
 }  // namespace
@@ -339,7 +350,7 @@ code {{ background: #f4f4f4; padding: 2px 6px; word-break: break-all; }}
 <h1>batchtune: {workload} on {device}</h1>
 <p class="note">batchtune {version}, {date}; {threads} CPU thread(s); capacity {capacity}, usable {usable} ({margin:.0f} % margin); objective {objective}{command}</p>
 {banner}<div class="verdict">{verdict}<p>{diagnosis}</p>
-<p>Largest batch that fits: {max} ({stop}; {trials} trials, {steps} steps, {seconds:.1f} s).</p></div>
+<p>Largest batch that fits: {max} ({stop}; {trials} trials, {steps} steps, {seconds:.1f} s).</p>{compile}</div>
 {plan}
 <div class="charts">{speed}{memory}{flops}{energy}</div>
 {util}
@@ -369,6 +380,7 @@ code {{ background: #f4f4f4; padding: 2px 6px; word-break: break-all; }}
                      fmt::arg("objective", to_string(report.objective)),
                      fmt::arg("banner", banner), fmt::arg("verdict", verdict),
                      fmt::arg("diagnosis", html_escape(report.diagnosis.text)),
+                     fmt::arg("compile", compile_html(report.compile)),
                      fmt::arg("max", report.search.max_batch_size),
                      fmt::arg("stop", html_escape(report.search.stop_reason)),
                      fmt::arg("trials", report.search.trials.size()),

@@ -2,7 +2,8 @@
 emulated budget through the user's Gloo process group. `plain`: a module as
 it is; `ddp`: the same wrapped in DistributedDataParallel with AdamW, tuned
 with the sweep (the trials in lockstep: each step averages the gradients),
-then two Trainer steps with the plan."""
+then two Trainer steps with the plan; `compiled-ddp`: that DDP model under
+`torch.compile`, tuned compiled and in lockstep, then trained."""
 import datetime
 import json
 import os
@@ -40,7 +41,14 @@ if kind == "short":
     dist.barrier()
     dist.destroy_process_group()
     exit_distributed_job()
-if kind == "ddp":
+if kind == "compiled-ddp":
+    # DDP compiled after wrapping, as PyTorch advises: tuned compiled, in lockstep.
+    model = torch.compile(torch.nn.parallel.DistributedDataParallel(model), backend="aot_eager")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    result = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                            memory_limit=limit, report=None, amp="off", max_batch=256,
+                            sweep=False, target_batch=512)
+elif kind == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     result = batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
@@ -53,6 +61,7 @@ else:
                             sweep=False, target_batch=1024)
 own = max(t.batch_size for t in result.trials if t.fits)
 record = {"rank": rank, "own": own, "max": result.max_batch_size,
+          "recompiles": result.recompiles,
           "plan": result.plan.to_dict(),
           "trials": [[t.batch_size, t.fits, t.error] for t in result.trials]}
 if kind == "ddp":
@@ -69,6 +78,13 @@ if kind == "ddp":
     record["forced"] = {"max": forced_result.max_batch_size,
                         "trials": [[t.batch_size, t.fits, t.error]
                                    for t in forced_result.trials]}
+    trainer = batchtune.Trainer(model, optimizer, classify_loss, result.plan)
+    make = image_batch((3, 16, 16))
+    torch.manual_seed(rank)
+    for _ in range(2):
+        trainer.step(make(result.plan.batch_size))
+    record["weights"] = [p.detach().flatten()[:16].tolist() for p in model.parameters()]
+if kind == "compiled-ddp":
     trainer = batchtune.Trainer(model, optimizer, classify_loss, result.plan)
     make = image_batch((3, 16, 16))
     torch.manual_seed(rank)

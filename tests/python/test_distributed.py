@@ -13,7 +13,7 @@ import torch
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
-@pytest.mark.parametrize("kind", ["plain", "ddp"])
+@pytest.mark.parametrize("kind", ["plain", "ddp", "compiled-ddp"])
 def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     torchrun = Path(sys.executable).with_name("torchrun")
     assert torchrun.exists(), torchrun
@@ -27,6 +27,11 @@ def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     assert ranks[0]["max"] == ranks[1]["max"] == min(r["own"] for r in ranks)
     if kind == "plain":
         assert ranks[0]["own"] > ranks[1]["own"]  # rank 1's budget is smaller
+    elif kind == "compiled-ddp":
+        # Compiled once at a dynamic batch: no trial compiled again, and the
+        # trials stayed in lockstep.
+        assert ranks[0]["recompiles"] == ranks[1]["recompiles"] == 0
+        assert [t[:2] for t in ranks[0]["trials"]] == [t[:2] for t in ranks[1]["trials"]]
     else:
         # In lockstep: the same trials on both ranks, each fitting where it
         # fits on both (alone, rank 0's larger budget finds a larger batch,
@@ -42,7 +47,7 @@ def test_two_ranks_under_torchrun_get_one_plan(tmp_path, kind):
     plan = ranks[0]["plan"]
     assert plan["world_size"] == 2
     assert plan["global_batch_size"] == plan["micro_batch_size"] * plan["accumulation_steps"] * 2
-    if kind == "ddp":  # trained in step: the same weights on both ranks
+    if kind != "plain":  # trained in step: the same weights on both ranks
         assert ranks[0]["weights"] == ranks[1]["weights"]
 
 

@@ -118,6 +118,14 @@ struct Plan {
   /// process by default). JSON `tokens_per_step`, written with the budget;
   /// 0 in a plan file that has none (then the budget on each process).
   int64_t tokens_per_step = 0;
+  /// Activation checkpointing: the model's blocks recompute their
+  /// activations in the backward pass instead of keeping them (a larger
+  /// batch, for one more forward pass). JSON `checkpointing` ("on"), written
+  /// only when on, with `checkpoint_modules`: the classes recomputed (none:
+  /// the model's own switch, a Hugging Face model's
+  /// `gradient_checkpointing_enable()`).
+  bool checkpointing = false;
+  std::vector<std::string> checkpoint_modules;
   /// Forward-only batch for evaluation (no gradients, no optimizer step):
   /// found by a forward-only search; 0 when none was (evaluation then runs
   /// at the micro-batch). JSON `eval_micro_batch_size`.

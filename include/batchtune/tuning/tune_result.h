@@ -40,6 +40,21 @@ struct TimelinePhase {
   std::string stage;  ///< "precision", "search", "sweep"
 };
 
+/// A compiled model's compilation (`torch.compile`, from Python): measured
+/// apart from the trials, in a phase of its own before the time budget's.
+struct CompileRecord {
+  /// Seconds spent compiling: the compile phase (the first step at each
+  /// precision the tune runs) and any graph compiled later, in a trial.
+  double seconds = 0;
+  /// Graphs compiled in the compile phase (a frame and its backward each).
+  int64_t graphs = 0;
+  /// Graphs compiled after it, inside the trials: a model that specialises
+  /// on the batch size (or a precision the phase did not warm).
+  int64_t recompiles = 0;
+  /// One line: how the phase ran and what its time was charged to.
+  std::string note;
+};
+
 /// Everything a tune found, as plain data; the console table, the JSON
 /// (`to_json`, exactly what `batchtune tune --json` writes) and the HTML
 /// report are views of it.
@@ -94,6 +109,8 @@ struct TuneResult {
   /// Why the run took longer than its budget (plus `kTimeBudgetTolerance`);
   /// empty when it did not.
   std::string budget_note;
+  /// A compiled model's compilation; none for an eager one.
+  std::optional<CompileRecord> compile;
   /// `--objective goodput`: the noise-scale run, on what data, the base
   /// batch B0 of the efficiency, every candidate global batch and the choice.
   std::optional<NoiseScaleMeasurement> noise;
