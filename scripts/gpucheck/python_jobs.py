@@ -328,7 +328,7 @@ def job_hf(args) -> Dict[str, Any]:
                                                logging_strategy="no", use_cpu=not gpu)
         trainer = transformers.Trainer(model=model, args=targs, train_dataset=data)
         start = time.monotonic()
-        tuned, result = tune_training_args(trainer, memory_limit=s.hf_limit, time_budget=20 if gpu else 15,
+        tuned, result = tune_training_args(trainer, memory_limit=s.hf_limit, time_budget=20 if gpu else 60,
                                            sweep=False, quiet=True, return_result=True, report=None)
         tune_s = time.monotonic() - start
         out_ = transformers.Trainer(model=model, args=tuned, train_dataset=data).train()
