@@ -55,7 +55,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     checks.add_argument("--deadline-at", type=float, required=True, help="epoch seconds")
     checks.add_argument("--smi", default="nvidia-smi", help="nvidia-smi, or a stand-in command")
     checks.add_argument("--python", help="a python with torch and torchvision (the model export)")
-    checks.add_argument("--part", choices=["basic", "claims", "all"], default="all")
+    checks.add_argument("--part", choices=["basic", "claims", "python", "all"], default="all")
     finish = sub.add_parser("finish", help="print the table; exit 0 only when every row passed")
     finish.add_argument("--out", required=True)
     args = parser.parse_args(argv)

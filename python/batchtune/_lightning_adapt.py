@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from . import _core
-from ._adapt import Adaptation
+from ._adapt import Adaptation, loss_scale_of
 
 
 class _Batches:
@@ -318,17 +318,18 @@ class LightningAdaptation:
               * float(info["accumulate"]) ** 2 / scale ** 2)
         self.small = (info["size"], sq)
 
-    def measure_step(self, module: torch.nn.Module) -> None:
+    def measure_step(self, module: torch.nn.Module, scaler: Optional[Any] = None) -> None:
         """Before the optimizer step: the step's mean gradient (over every rank
         under DDP, whose all-reduce ran on the last part; the first ran
-        without it)."""
+        without it). `scaler`: fp16's GradScaler where the gradients are
+        still scaled by it here (`still_scaled_by`), else None."""
         self.stepped = True
         if self.info is None:
             return
         parameters = list(module.parameters())
         if self.info["accumulate"] == 1:
-            # Lightning unscaled fp16 gradients before this hook.
-            self.adaptation.measure_successive(parameters, self.info["step_samples"], None)
+            self.adaptation.measure_successive(parameters, self.info["step_samples"],
+                                               loss_scale_of(scaler))
             return
         self.adaptation.successive.reset()
         if self.small is None:
@@ -337,5 +338,20 @@ class LightningAdaptation:
         self.small = None
         big = self.info["step_samples"]
         if big > small:
-            self.adaptation.measure(small, small_sq, big, _core.squared_gradient_norm(parameters),
-                                    1.0)
+            # The first part's norm is unscaled already (measure_first_part).
+            scale = scaler.get_scale() if scaler is not None else 1.0
+            self.adaptation.measure(small, small_sq, big,
+                                    _core.squared_gradient_norm(parameters) / scale ** 2, 1.0)
+
+
+def still_scaled_by(precision_plugin: Any, optimizer: Any) -> Optional[Any]:
+    """The GradScaler whose scale the gradients still carry before the
+    optimizer step, or None. Lightning's fp16 ("16-mixed") unscales them
+    before `on_before_optimizer_step`, except for an optimizer that unscales
+    itself in its step (`AdamW(fused=True)`: `_step_supports_amp_scaling`),
+    which it leaves scaled, by 65536 at first."""
+    scaler = getattr(precision_plugin, "scaler", None)
+    if scaler is None:
+        return None
+    optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
+    return scaler if getattr(optimizer, "_step_supports_amp_scaling", False) else None

@@ -36,7 +36,8 @@ from . import _checks, _core
 from ._adapt import adapt_arguments
 from ._fit import missing
 from ._lengths import parse_lengths
-from ._lightning_adapt import LightningAdaptation, _Batches, adaptive_loader, shuffled
+from ._lightning_adapt import (LightningAdaptation, _Batches, adaptive_loader, shuffled,
+                               still_scaled_by)
 from ._results import TuneResult
 from ._sharded import is_sharded
 from .plan import Plan
@@ -345,7 +346,7 @@ class BatchTune(Callback):
     def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                                  optimizer: torch.optim.Optimizer) -> None:
         if self._adapt is not None:
-            self._adapt.measure_step(pl_module)
+            self._adapt.measure_step(pl_module, still_scaled_by(trainer.precision_plugin, optimizer))
 
     def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                            outputs: Any, batch: Any, batch_idx: int) -> None:

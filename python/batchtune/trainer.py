@@ -362,49 +362,66 @@ class Trainer:
         batches = self._step_batches(batch, micro_batches)
         n = sum(batch_size_of(b) for b in batches)
         self._apply_lr()
-        small = self._adapt.small_batch(n, min(self.micro_batch_size, n)) \
-            if self._adapt is not None else 0
         while True:
+            small = self._adapt.small_batch(n, min(self.micro_batch_size, n)) \
+                if self._adapt is not None else 0
             pieces, first = self._pieces(batches, whole, n, small)
             weights, shares = self._weights(pieces, n)
-            oom: Optional[BaseException] = None
             total, small_sq = None, None
             self._step.zero_grad()
             if self._lockstep is not None:
                 self._lockstep.begin_trial(n)
-            ooms_before = oom_count(self.device)
-            try:
-                total, small_sq = self._accumulate(pieces, weights, shares, first)
-            except torch.OutOfMemoryError as e:
-                oom = e
-            except Exception as e:  # noqa: BLE001 - an out-of-memory under another name?
-                # "CUDA error: out of memory" (RuntimeError, AcceleratorError), cuDNN's
-                # engine search after the allocator refused its workspace: the
-                # allocator's counter or the message decides, as in the trials.
-                if _core.classify_failure(str(e), ooms_before, oom_count(self.device)) != "out_of_memory":
-                    raise
-                oom = e
+            result, oom = self._out_of_memory_kept(
+                lambda: self._accumulate(pieces, weights, shares, first))
             failed = self._agree(oom is not None)
             if not failed:
-                break
+                total, small_sq = result
+                result = None
+                average_gradients(self.model)
+                if self._adapt is None:
+                    break
+                # adapt without accumulation keeps two copies of the gradients,
+                # memory no trial measured: an out-of-memory making them is the
+                # step's, recovered as one in a micro-batch (the halved
+                # micro-batch then accumulates, and measures without copies).
+                copies = self.micro_batch_size >= n
+                _, oom = self._out_of_memory_kept(lambda: self._measure_noise(n, first, small_sq))
+                if not (copies and self._agree(oom is not None)):
+                    if oom is not None:
+                        raise oom
+                    break
+                self._adapt.successive.reset()
             message = str(oom).split("\n", 1)[0] if oom is not None else "on another rank"
             if oom is not None:
                 oom.__traceback__ = None
-            del oom, total
+            del oom, total, result
             self._step.zero_grad()
             reset_sharded(self.model)  # FSDP2 as at the end of a step, on every rank
             gc.collect()
             if torch.cuda.is_available() and self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self._recover(pieces, whole, n, message)
-        average_gradients(self.model)
-        if self._adapt is not None:
-            self._measure_noise(n, first, small_sq)
         self._step.optimizer_step()
         self.steps_done += 1
         if self._adapt is not None:
             self._adapt_batch(n)
         return float(total)
+
+    def _out_of_memory_kept(self, fn: Callable[[], Any]) -> Tuple[Any, Optional[BaseException]]:
+        """`(fn(), None)`, or `(None, the error)` where fn ran out of memory:
+        a `torch.OutOfMemoryError`, or an error under another name ("CUDA
+        error: out of memory" as a RuntimeError or AcceleratorError, cuDNN's
+        engine search after the allocator refused its workspace) that the
+        allocator's counter or the message says is one, as in the trials."""
+        ooms_before = oom_count(self.device)
+        try:
+            return fn(), None
+        except torch.OutOfMemoryError as e:
+            return None, e
+        except Exception as e:  # noqa: BLE001 - an out-of-memory under another name?
+            if _core.classify_failure(str(e), ooms_before, oom_count(self.device)) != "out_of_memory":
+                raise
+            return None, e
 
     def _agree(self, failed: bool) -> bool:
         """Whether any rank's step failed, known to every rank: one all-reduce,

@@ -19,7 +19,12 @@ from .verdicts import (
     Verdict, unreadable, verdict_attention, verdict_claim_bf16_batch, verdict_claim_throughput,
     verdict_claim_utilization, verdict_clean_error, verdict_env, verdict_fits,
     verdict_hidden_env, verdict_max, verdict_monitor_vs_smi, verdict_next, verdict_oom,
-    verdict_recover, verdict_step_scaling, verdict_train, verdict_tune_memory)
+    verdict_recover, verdict_step_scaling, verdict_train, verdict_tune_memory,
+    clearly_larger, verdict_hf, verdict_lightning, verdict_lightning_adapt, verdict_py_probe,
+    verdict_py_trainer, verdict_py_tune)
+
+# The Python rows' programs, run by the python given (`--python`).
+PYTHON_JOBS = Path(__file__).resolve().with_name("python_jobs.py")
 
 # A check that would start with less time than this left is a skip row (a
 # failure of the run): no check finishes in less.
@@ -71,13 +76,21 @@ class Checks:
         tmp.replace(self.out / "results.json")
 
     def cli_run(self, name: str, limit: float, *cli_args: str, env: Optional[Dict] = None) -> Outcome:
-        print(f"\n== {name}: batchtune {' '.join(cli_args)} ({self.left():.0f} s left)", flush=True)
-        o = run_bounded([self.cli, *cli_args], self.bound(limit), env=env,
-                        stdout_path=self.work / f"{name}.out")
+        return self.command_run(name, limit, [self.cli, *cli_args], env=env)
+
+    def command_run(self, name: str, limit: float, cmd: Sequence[str], env: Optional[Dict] = None) -> Outcome:
+        shown = " ".join(["batchtune" if cmd[0] == self.cli else Path(cmd[0]).name, *map(str, cmd[1:])])
+        print(f"\n== {name}: {shown} ({self.left():.0f} s left)", flush=True)
+        o = run_bounded(cmd, self.bound(limit), env=env, stdout_path=self.work / f"{name}.out")
         (self.work / f"{name}.err").write_text(o.err)
         print(o.err[-1500:], end="", flush=True)
         self.keep(name, o)
         return o
+
+    def job_run(self, name: str, limit: float, *job_args: str) -> Outcome:
+        """One of python_jobs.py's jobs in a fresh process (the batchtune
+        package from the environment the shell set)."""
+        return self.command_run(name, limit, [self.python, str(PYTHON_JOBS), *job_args, "--device", self.dev])
 
     def check(self, name: str, limit: float, verdict: Callable[..., Verdict], cli_args: Sequence[str],
               *verdict_args, env: Optional[Dict] = None) -> Optional[Outcome]:
@@ -90,14 +103,18 @@ class Checks:
 
     # -- the rows
     def run(self, part: str = "all") -> None:
-        """`part`: "basic" (every row but the claims), "claims" (the guide's
-        claims, run once nothing else competes for the machine: the shell
-        runs them after the test build), or "all"."""
+        """`part`: "basic" (the CLI's rows but the claims), "claims" (the
+        guide's claims, run once nothing else competes for the machine: the
+        shell runs them after the test build), "python" (the Python
+        package's rows: the shell sets where batchtune is imported from),
+        or "all"."""
         self.summary.set_mode(self.mode)
         if part in ("basic", "all"):
             self.basic()
         if part in ("claims", "all"):
             self.claims()
+        if part in ("python", "all"):
+            self.python_rows()
 
     def basic(self) -> None:
         gpu, dev = self.gpu, self.dev
@@ -346,3 +363,39 @@ class Checks:
         count = self.smi.gpu_count()
         self.check("missing-gpu", 30, verdict_clean_error,
                    ["probe", "--device", f"cuda:{count}", "--batch-size", "2"], f"--device: cuda:{count}")
+
+    # -- the Python package's rows (python_jobs.py, each job a fresh process)
+    def job_check(self, name: str, limit: float, verdict: Callable[..., Verdict], job_args: Sequence[str],
+                  *verdict_args) -> Optional[Outcome]:
+        if not self.enough_time(name):
+            return None
+        o = self.job_run(name, limit, *job_args)
+        status, detail, figures = verdict(o, *verdict_args)
+        self.row(Row(name, status, detail, figures, o.seconds))
+        return o
+
+    def python_rows(self) -> None:
+        gpu = self.gpu
+        self.py_tune()
+        self.job_check("py-trainer", 240, verdict_py_trainer, ["trainer"], gpu)
+        self.job_check("lightning", 180, verdict_lightning, ["lightning"])
+        self.job_check("lightning-adapt-fp16", 300, verdict_lightning_adapt, ["lightning", "--adapt-fp16"], gpu)
+        self.job_check("hf", 180, verdict_hf, ["hf"])
+
+    def py_tune(self) -> None:
+        """batchtune.tune leaves no trace, and its answer holds in fresh
+        processes: the largest batch runs, a clearly larger one does not."""
+        o = self.job_check("py-tune", 180 if self.gpu else 240, verdict_py_tune, ["tune"], self.gpu)
+        n = 0
+        if o is not None:
+            try:
+                n = int(o.last_json()["max_batch_size"])
+            except (ValueError, KeyError, TypeError):
+                n = 0
+        if n <= 0:
+            for name in ("py-tune-largest", "py-tune-larger"):
+                self.row(Row(name, SKIP, "no size from py-tune"))
+            return
+        self.job_check("py-tune-largest", 90, verdict_py_probe, ["probe", "--batch-size", str(n)], True)
+        self.job_check("py-tune-larger", 90, verdict_py_probe, ["probe", "--batch-size", str(clearly_larger(n))],
+                       False)

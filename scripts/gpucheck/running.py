@@ -29,6 +29,14 @@ class Outcome:
     def json(self):
         return json.loads(self.out)
 
+    def last_json(self):
+        """The last line of stdout as JSON: a Python row's job prints its
+        figures last, after whatever the libraries it runs printed."""
+        lines = [line for line in self.out.splitlines() if line.strip()]
+        if not lines:
+            raise ValueError("nothing on stdout")
+        return json.loads(lines[-1])
+
 
 def run_bounded(cmd: Sequence[str], limit: float, env: Optional[Dict] = None,
                 stdout_path: Optional[Path] = None) -> Outcome:

@@ -250,3 +250,155 @@ def verdict_claim_bf16_batch(model: str, fp32: Dict, bf16: Dict, gpu: bool) -> V
             f"{model}: largest batch {a} in fp32, {b} in bf16: {ratio:.2f}x (the guide: about 2x"
             f"{'' if gpu else ', GPU only'})",
             {"fp32": a, "bf16": b, "ratio": ratio, "target": BF16_BATCH_GAIN_TARGET})
+
+
+# ------------------------------------------------------------------ the Python rows
+# (scripts/gpucheck/python_jobs.py prints each job's figures as its last line)
+
+# A batch this much above the tune's answer must not fit in a fresh process:
+# a search leaves the allocator's 5 % fragmentation reserve, and cuDNN's
+# smaller workspaces absorb a few percent more (a tenth was 1-3 % over the
+# cap on the H200); a quarter is more than either.
+CLEARLY_LARGER = 1.25
+# The fp16 fit's noise scale against its bf16 reference: a few windows'
+# estimate differs by some factor from run to run; gradients left scaled by
+# fp16's loss scale put it off by about scale^2 (65536^2), or make it negative.
+NOISE_SCALE_AGREEMENT = 100.0
+
+
+def clearly_larger(n: int) -> int:
+    return math.ceil(n * CLEARLY_LARGER)
+
+
+@guarded
+def verdict_py_tune(o: Outcome, gpu: bool) -> Verdict:
+    """batchtune.tune in the middle of a run leaves no trace: parameters,
+    optimizer state and RNG state bit-identical; the allocator's fraction
+    and the current device as found (a GPU's; the CPU has none)."""
+    r = o.last_json()
+    before, after = r["allocator_before"], r["allocator_after"]
+    allocator_ok = before == after and (not gpu or (before["fraction"] is not None
+                                                   and before["current_device"] is not None))
+    ok = (o.rc == 0 and r["max_batch_size"] > 0 and r["complete"] and r["state_identical"]
+          and r["rng_identical"] and allocator_ok)
+    return (PASS if ok else FAIL,
+            f'{r["model"]} {r["amp"]} under {r["memory_limit"]}: largest batch {r["max_batch_size"]} '
+            f'({len(r.get("trials", []))} trials, {r["seconds"]:.1f} s); {r["state_tensors"]} state tensors identical {r["state_identical"]}, '
+            f'RNG identical {r["rng_identical"]}; allocator {before} -> {after}',
+            {k: r.get(k) for k in ("max_batch_size", "complete", "seconds", "trials", "state_identical",
+                                   "rng_identical", "allocator_before", "allocator_after")})
+
+
+@guarded
+def verdict_py_probe(o: Outcome, should_fit: bool) -> Verdict:
+    """A fresh process's probe: the tune's answer runs; a clearly larger
+    batch runs out of memory (or over the budget)."""
+    r = o.last_json()
+    if should_fit:
+        ok = o.rc == 0 and r["fits"] and r["failure"] is None
+    else:
+        ok = o.rc == 0 and not r["fits"] and r["failure"] in ("out_of_memory", "over_budget")
+    return (PASS if ok else FAIL,
+            f'batch {r["batch_size"]}: fits {r["fits"]}, failure {r["failure"]}, peak {mib(r["peak_bytes"])}'
+            + (f'; {r["error"][:120]}' if r["error"] and should_fit else ""),
+            {k: r[k] for k in ("batch_size", "fits", "failure", "peak_bytes")})
+
+
+@guarded
+def verdict_py_trainer(o: Outcome, gpu: bool) -> Verdict:
+    """Trainer with a plan: bf16 steps train; fp16 (a GPU's) takes its steps
+    with a loss scale >= 1, at most a tenth skipped; the out-of-memory forced
+    mid-step is recovered once, the micro-batch halved, the global batch kept."""
+    r = o.last_json()
+    problems = []
+    runs = [("bf16", r.get("bf16"))] + ([("fp16", r.get("fp16"))] if gpu else [])
+    for amp, run in runs:
+        if run is None:
+            problems.append(f"no {amp} run")
+        elif not (run["finite"] and run["parameters_moved"] and run["steps"] == len(run["losses"])):
+            problems.append(f"{amp}: finite {run['finite']}, parameters moved {run['parameters_moved']}")
+        elif amp == "fp16" and not (run["loss_scale"] is not None and run["loss_scale"] >= 1
+                                    and run["skipped_steps"] <= max(1, run["steps"] // 10)):
+            problems.append(f"fp16: loss scale {run['loss_scale']}, {run['skipped_steps']} skipped")
+    oom = r["oom"]
+    if not (oom["forced"] == 1 and len(oom["recoveries"]) == 1
+            and oom["micro_batch_size"] == oom["plan_micro_batch_size"] // 2
+            and oom["global_batch_size"] == oom["plan_micro_batch_size"] and oom["finite"]
+            and oom["steps"] == len(oom["losses"])):
+        problems.append(f"out-of-memory: forced {oom['forced']}, {len(oom['recoveries'])} recoveries, micro-batch "
+                        f"{oom['plan_micro_batch_size']} -> {oom['micro_batch_size']}, global "
+                        f"{oom['global_batch_size']}, finite {oom['finite']}")
+    ok = o.rc == 0 and not problems
+    fp16 = r.get("fp16")
+    figures = {"bf16_final_loss": r["bf16"]["losses"][-1] if r.get("bf16") else None,
+               "fp16_loss_scale": fp16["loss_scale"] if fp16 else None,
+               "fp16_skipped_steps": fp16["skipped_steps"] if fp16 else None,
+               "oom_micro_batch": [oom["plan_micro_batch_size"], oom["micro_batch_size"]],
+               "oom_global_batch": oom["global_batch_size"], "recoveries": oom["recoveries"]}
+    detail = "; ".join(problems) if problems else (
+        f'bf16 {r["bf16"]["steps"]} steps, loss {r["bf16"]["losses"][-1]:.3f}'
+        + (f'; fp16 {fp16["steps"]} steps, loss scale {fp16["loss_scale"]:.0f}, {fp16["skipped_steps"]} skipped'
+           if fp16 else "; fp16 GPU only")
+        + f'; out-of-memory mid-step: micro-batch {oom["plan_micro_batch_size"]} -> {oom["micro_batch_size"]} x 2, '
+          f'global {oom["global_batch_size"]} kept')
+    return PASS if ok else FAIL, detail, figures
+
+
+def _fit_problems(label: str, fit: Dict) -> Optional[str]:
+    if not (fit["global_step"] == fit["max_steps"] and fit["finite"] and (fit["micro_batch_size"] or 0) > 0):
+        return (f'{label}: {fit["global_step"]} of {fit["max_steps"]} steps, finite {fit["finite"]}, '
+                f'micro-batch {fit["micro_batch_size"]}')
+    return None
+
+
+@guarded
+def verdict_lightning(o: Outcome) -> Verdict:
+    """The callback tuned at fit start and the fit ran its steps with the plan."""
+    r = o.last_json()
+    problem = _fit_problems(r["precision"], r)
+    ok = o.rc == 0 and problem is None
+    return (PASS if ok else FAIL,
+            problem or f'{r["precision"]}: plan micro-batch {r["micro_batch_size"]} of global '
+                       f'{r["global_batch_size"]} (largest {r["max_batch_size"]}), {r["global_step"]} steps, '
+                       f'loss {r["final_loss"]:.3f}',
+            {k: r[k] for k in ("precision", "micro_batch_size", "global_batch_size", "max_batch_size",
+                               "global_step", "final_loss", "seconds")})
+
+
+@guarded
+def verdict_lightning_adapt(o: Outcome, gpu: bool) -> Verdict:
+    """adapt=True under fp16 ("16-mixed") with a fused AdamW: its noise scale
+    is plausible, within NOISE_SCALE_AGREEMENT of the same fit's in bf16 with
+    a plain AdamW (on the CPU Lightning runs both in bf16)."""
+    r = o.last_json()
+    fused, reference = r["fused"], r["reference"]
+    problems = [p for p in (_fit_problems("fused", fused), _fit_problems("reference", reference)) if p]
+    a, b = fused["noise_scale"], reference["noise_scale"]
+    ratio = a / b if a is not None and b is not None and b > 0 else None
+    if gpu and fused["precision"] != "16-mixed":
+        problems.append(f'the fused fit ran {fused["precision"]}, not 16-mixed')
+    if not (fused["fused"] and ratio is not None and a > 0 and math.isfinite(a)
+            and 1 / NOISE_SCALE_AGREEMENT <= ratio <= NOISE_SCALE_AGREEMENT):
+        problems.append(f"noise scale {a} ({fused['precision']}, fused) against {b} ({reference['precision']})")
+    ok = o.rc == 0 and not problems
+    return (PASS if ok else FAIL,
+            "; ".join(problems) if problems else
+            f'noise scale {a:.4g} ({fused["precision"]}, fused AdamW) against {b:.4g} '
+            f'({reference["precision"]}, AdamW): {ratio:.2f}x; {len(fused["schedule"])} schedule entries',
+            {"noise_scale": a, "reference_noise_scale": b, "ratio": ratio, "precision": fused["precision"],
+             "schedule": fused["schedule"]})
+
+
+@guarded
+def verdict_hf(o: Outcome) -> Verdict:
+    """tune_training_args keeps the arguments' global batch by accumulation
+    and the Trainer trains its 20 steps with what it returned."""
+    r = o.last_json()
+    ok = (o.rc == 0 and r["global_step"] == r["max_steps"] and math.isfinite(r["training_loss"])
+          and r["global_batch_size"] == 64 and r["per_device_train_batch_size"] >= 1)
+    return (PASS if ok else FAIL,
+            f'per-device {r["per_device_train_batch_size"]} x {r["gradient_accumulation_steps"]} '
+            f'(largest {r["max_batch_size"]}, bf16 {r["bf16"]}), {r["global_step"]} of {r["max_steps"]} steps, '
+            f'loss {r["training_loss"]:.3f}; tune {r["tune_seconds"]:.1f} s',
+            {k: r[k] for k in ("max_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
+                               "bf16", "global_step", "training_loss", "tune_seconds")})

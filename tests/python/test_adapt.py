@@ -287,3 +287,30 @@ def test_bad_adapt_arguments_are_refused_naming_them():
         by_batch.load_state_dict(adapting.state_dict())
     with pytest.raises(batchtune.Error, match="^dataset_size:"):
         batchtune.AdaptiveBatchSampler(0, adapting)
+
+
+def test_no_room_for_the_gradient_copies_halves_the_micro_batch_instead_of_raising():
+    # Without accumulation adapt keeps two copies of the gradients (4 MiB
+    # each here), which no trial measured. Under 14 MiB the step (parameters
+    # and gradients, 8 MiB) fits with one copy and not with the second: the
+    # step recovers as from an out-of-memory in a micro-batch, the micro-batch
+    # halved and the global batch kept, and measures without copies.
+    data = _dataset(256)
+    with batchtune.emulated_memory("14MiB"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 1024), torch.nn.Linear(1024, 1024),
+                                    torch.nn.Linear(1024, 4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        trainer = batchtune.Trainer(model, optimizer, _loss, _plan(16, lr=0.01), adapt=True,
+                                    adapt_every=1000, clock=_StepClock())
+        losses = [trainer.step((data.tensors[0][i * 16:(i + 1) * 16], data.tensors[1][i * 16:(i + 1) * 16]))
+                  for i in range(4)]
+    assert trainer.steps_done == 4
+    assert len(trainer.recoveries) == 1, trainer.recoveries
+    assert "out of memory" in trainer.recoveries[0] and "the logical batch 16 kept" in trainer.recoveries[0]
+    assert trainer.micro_batch_size == 8
+    assert trainer.plan.global_batch_size == 16
+    assert not trainer._adapt.successive.holding  # the copies given back
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in losses)
+    trainer._adapt._flush()
+    assert trainer._adapt.noise.measurements() >= 2  # the halved steps measure their first micro-batch

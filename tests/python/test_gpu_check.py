@@ -148,3 +148,162 @@ def test_clean_error_wants_exit_2_and_one_line():
     assert verdicts.verdict_clean_error(Outcome(2, "", missing, 0.1), "--device: cuda:2")[0] == "fail"
     assert verdicts.verdict_clean_error(Outcome(2, "", "a\nb\n", 0.1), "a")[0] == "fail"
     assert verdicts.verdict_clean_error(Outcome(1, "", "--device x\n", 0.1), "--device")[0] == "fail"
+
+
+# ---------------------------------------------------------------- the Python rows, on made-up job outputs
+
+
+def job(doc, rc=0, noise="Lightning printed this first\n"):
+    """A python_jobs.py job's stdout: whatever the libraries printed, then its figures."""
+    return Outcome(rc, noise + json.dumps(doc) + "\n", "", 1.0)
+
+
+def tune_job(**kw):
+    doc = {"max_batch_size": 118, "complete": True, "reason": "the largest batch that fits (no sweep)",
+           "seconds": 20.0, "model": "resnet50 3x224x224", "amp": "bf16", "memory_limit": "3GiB",
+           "state_tensors": 800, "state_identical": True, "rng_identical": True,
+           "allocator_before": {"fraction": 1.0, "current_device": 0},
+           "allocator_after": {"fraction": 1.0, "current_device": 0}}
+    return dict(doc, **kw)
+
+
+def test_py_tune_wants_no_trace_and_the_allocator_as_found():
+    status, detail, figures = verdicts.verdict_py_tune(job(tune_job()), True)
+    assert status == "pass" and figures["max_batch_size"] == 118, detail
+    assert verdicts.verdict_py_tune(job(tune_job(state_identical=False)), True)[0] == "fail"
+    assert verdicts.verdict_py_tune(job(tune_job(rng_identical=False)), True)[0] == "fail"
+    capped = tune_job(allocator_after={"fraction": 0.05, "current_device": 0})  # the tune's cap left behind
+    assert verdicts.verdict_py_tune(job(capped), True)[0] == "fail"
+    moved = tune_job(allocator_after={"fraction": 1.0, "current_device": 1})
+    assert verdicts.verdict_py_tune(job(moved), True)[0] == "fail"
+    cpu = tune_job(allocator_before={"fraction": None, "current_device": None},
+                   allocator_after={"fraction": None, "current_device": None})
+    assert verdicts.verdict_py_tune(job(cpu), False)[0] == "pass"
+    assert verdicts.verdict_py_tune(job(cpu), True)[0] == "fail"  # a GPU run must read them
+    assert verdicts.verdict_py_tune(job(tune_job(max_batch_size=0)), True)[0] == "fail"
+    assert verdicts.verdict_py_tune(job(tune_job(), rc=1), True)[0] == "fail"
+    assert verdicts.verdict_py_tune(Outcome(1, "", "Traceback ...", 1.0), True)[0] == "fail"
+
+
+def test_py_tune_probes_a_clearly_larger_batch_in_a_fresh_process():
+    assert verdicts.clearly_larger(118) == 148  # a quarter above: more than the 5 % reserve
+    assert verdicts.clearly_larger(4) == 5
+    fits = {"batch_size": 118, "fits": True, "failure": None, "peak_bytes": 3 << 30, "error": ""}
+    oom = {"batch_size": 148, "fits": False, "failure": "out_of_memory", "peak_bytes": 3 << 30,
+           "error": "CUDA out of memory"}
+    assert verdicts.verdict_py_probe(job(fits), True)[0] == "pass"
+    assert verdicts.verdict_py_probe(job(oom), True)[0] == "fail"
+    assert verdicts.verdict_py_probe(job(oom), False)[0] == "pass"
+    assert verdicts.verdict_py_probe(job(dict(oom, failure="over_budget")), False)[0] == "pass"
+    assert verdicts.verdict_py_probe(job(fits), False)[0] == "fail"  # the search was over-cautious
+    other = dict(oom, failure="error", error="RuntimeError: shape")
+    assert verdicts.verdict_py_probe(job(other), False)[0] == "fail"  # not any failure
+
+
+def trainer_run(amp, steps=10, scale=None, skipped=0, micro=64, now=64, recoveries=(), forced=None):
+    run = {"amp": amp, "steps": steps, "losses": [2.0] * steps, "finite": True, "parameters_moved": True,
+           "global_batch_size": micro * (1 if forced is not None else 2), "micro_batch_size": now,
+           "plan_micro_batch_size": micro, "recoveries": list(recoveries), "loss_scale": scale,
+           "skipped_steps": skipped}
+    if forced is not None:
+        run["forced"] = forced
+    return run
+
+
+def trainer_job(**kw):
+    doc = {"bf16": trainer_run("bf16"), "fp16": trainer_run("fp16", scale=65536.0),
+           "oom": trainer_run("bf16", steps=3, now=32, recoveries=["step 1: out of memory ..."], forced=1)}
+    return dict(doc, **kw)
+
+
+def test_py_trainer_wants_fp16_steps_taken_and_the_forced_oom_recovered():
+    status, detail, figures = verdicts.verdict_py_trainer(job(trainer_job()), True)
+    assert status == "pass", detail
+    assert figures["oom_micro_batch"] == [64, 32] and figures["oom_global_batch"] == 64
+    skipping = trainer_job(fp16=trainer_run("fp16", scale=1.0, skipped=5))
+    assert verdicts.verdict_py_trainer(job(skipping), True)[0] == "fail"
+    no_fp16 = trainer_job()
+    del no_fp16["fp16"]
+    assert verdicts.verdict_py_trainer(job(no_fp16), True)[0] == "fail"   # a GPU runs fp16
+    assert verdicts.verdict_py_trainer(job(no_fp16), False)[0] == "pass"  # the CPU cannot
+    never = trainer_job(oom=trainer_run("bf16", steps=3, now=64, forced=0))
+    assert verdicts.verdict_py_trainer(job(never), True)[0] == "fail"  # no out-of-memory seen
+    lost = trainer_job(oom=dict(trainer_run("bf16", steps=3, now=32, recoveries=["x"], forced=1),
+                                global_batch_size=32))
+    assert verdicts.verdict_py_trainer(job(lost), True)[0] == "fail"  # the global batch was not kept
+    nan = trainer_job(bf16=dict(trainer_run("bf16"), finite=False))
+    assert verdicts.verdict_py_trainer(job(nan), True)[0] == "fail"
+
+
+def fit(precision="bf16-mixed", fused=False, noise=None, steps=10, micro=64):
+    return {"precision": precision, "fused": fused, "global_step": steps, "max_steps": 10, "seconds": 5.0,
+            "micro_batch_size": micro, "global_batch_size": micro and micro * 4, "max_batch_size": micro,
+            "final_loss": 1.5, "finite": True, "noise_scale": noise, "schedule": [{"step": 0}]}
+
+
+def test_lightning_wants_the_plan_applied_and_every_step():
+    assert verdicts.verdict_lightning(job(fit()))[0] == "pass"
+    assert verdicts.verdict_lightning(job(fit(micro=None)))[0] == "fail"  # the callback never tuned
+    assert verdicts.verdict_lightning(job(fit(steps=7)))[0] == "fail"
+
+
+def test_lightning_adapt_fp16_wants_a_noise_scale_near_the_unscaled_one():
+    good = {"fused": fit("16-mixed", True, noise=300.0), "reference": fit(noise=120.0)}
+    status, detail, figures = verdicts.verdict_lightning_adapt(job(good), True)
+    assert status == "pass" and figures["ratio"] == pytest.approx(2.5), detail
+    scaled = dict(good, fused=fit("16-mixed", True, noise=120.0 * 65536.0 ** 2))  # still scaled: off by scale^2
+    assert verdicts.verdict_lightning_adapt(job(scaled), True)[0] == "fail"
+    negative = dict(good, fused=fit("16-mixed", True, noise=-5.0))
+    assert verdicts.verdict_lightning_adapt(job(negative), True)[0] == "fail"
+    missing = dict(good, fused=fit("16-mixed", True, noise=None))
+    assert verdicts.verdict_lightning_adapt(job(missing), True)[0] == "fail"
+    bf16 = dict(good, fused=fit("bf16-mixed", True, noise=300.0))
+    assert verdicts.verdict_lightning_adapt(job(bf16), True)[0] == "fail"   # a GPU runs 16-mixed
+    assert verdicts.verdict_lightning_adapt(job(bf16), False)[0] == "pass"  # the CPU cannot
+    unfused = dict(good, fused=fit("16-mixed", False, noise=300.0))
+    assert verdicts.verdict_lightning_adapt(job(unfused), True)[0] == "fail"
+
+
+def test_hf_wants_the_global_batch_kept_and_its_20_steps():
+    doc = {"max_batch_size": 24, "per_device_train_batch_size": 16, "gradient_accumulation_steps": 4,
+           "bf16": True, "fp16": False, "global_batch_size": 64, "global_step": 20, "training_loss": 6.1,
+           "tune_seconds": 12.0, "max_steps": 20}
+    assert verdicts.verdict_hf(job(doc))[0] == "pass"
+    assert verdicts.verdict_hf(job(dict(doc, global_step=12)))[0] == "fail"
+    assert verdicts.verdict_hf(job(dict(doc, global_batch_size=32)))[0] == "fail"
+    assert verdicts.verdict_hf(job(dict(doc, training_loss=float("nan"))))[0] == "fail"
+
+
+def test_the_python_part_runs_only_the_python_rows(tmp_path, monkeypatch):
+    args = type("Args", (), dict(out=str(tmp_path), work=str(tmp_path / "w"), cli="/nonexistent/batchtune",
+                                 mode="rehearse", deadline_at=time.time() + 600, python=sys.executable,
+                                 smi="nvidia-smi"))
+    run = checks.Checks(args)
+    seen = []
+    monkeypatch.setattr(run, "basic", lambda: seen.append("basic"))
+    monkeypatch.setattr(run, "claims", lambda: seen.append("claims"))
+    monkeypatch.setattr(run, "python_rows", lambda: seen.append("python"))
+    run.run("python")
+    assert seen == ["python"]
+    run.run("all")
+    assert seen == ["python", "basic", "claims", "python"]
+
+
+def test_a_failed_tune_job_skips_its_probes(tmp_path, monkeypatch):
+    args = type("Args", (), dict(out=str(tmp_path), work=str(tmp_path / "w"), cli="/nonexistent/batchtune",
+                                 mode="rehearse", deadline_at=time.time() + 600, python=sys.executable,
+                                 smi="nvidia-smi"))
+    run = checks.Checks(args)
+    monkeypatch.setattr(run, "job_run", lambda name, limit, *a: Outcome(1, "", "ImportError: batchtune", 0.5))
+    run.py_tune()
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["name"], r["status"]) for r in doc["rows"]] == [
+        ("py-tune", "fail"), ("py-tune-largest", "skip"), ("py-tune-larger", "skip")]
+    assert doc["passed"] is False
+
+
+def test_gpu_check_refuses_a_part_it_does_not_have():
+    import subprocess
+    o = subprocess.run([str(ROOT / "scripts" / "gpu-check"), "--part", "3"], capture_output=True, text=True,
+                       timeout=30)
+    assert o.returncode == 2 and "--part needs 1 or 2" in o.stderr

@@ -338,3 +338,79 @@ def test_under_lightning_ddp_rank_0_decides_and_the_ranks_share_each_global_batc
         samples = [i for p in parts for b in p for i in b["samples"]]
         assert len(samples) == entry["global_batch_size"] == len(set(samples)), step
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+# ---------------------------------------------------------------- fp16 with an optimizer that unscales itself
+
+
+class FakeScaler:
+    """fp16's GradScaler as Lightning's precision plugin holds it: its scale,
+    kept as a tensor (`_scale`) and read with `get_scale()`."""
+
+    def __init__(self, scale):
+        self._scale = torch.tensor(float(scale))
+
+    def get_scale(self):
+        return float(self._scale)
+
+
+class Plugin:
+    def __init__(self, scaler):
+        self.scaler = scaler
+
+
+def _noise_after(steps, scales, first_scaler, step_scaler):
+    """The noise scale a LightningAdaptation measures from made-up gradients,
+    each step's multiplied by its loss scale (`scales`) as fp16 leaves them;
+    `first_scaler(scale)` and `step_scaler(scale)` are what the callback hands
+    measure_first_part and measure_step (Lightning's scaler, or None)."""
+    from batchtune._lightning_adapt import LightningAdaptation
+    accumulate = steps[0][2]
+    plan = batchtune.Plan.make(4, target_batch=4 * accumulate)
+    adaptation = LightningAdaptation(plan, 5, None, lambda: 0.0, None)
+    module = torch.nn.Linear(16, 4)
+    for (first, whole, _), scale in zip(steps, scales):
+        adaptation.info = {"measure": True, "first": True, "accumulate": accumulate, "size": 4,
+                           "step_samples": 4 * accumulate}
+        if accumulate > 1:  # the first part's backward: Lightning divided its loss by the accumulation
+            for p, g in zip(module.parameters(), first):
+                p.grad = g * scale / accumulate
+            adaptation.measure_first_part(module, first_scaler(scale))
+        for p, g in zip(module.parameters(), whole):
+            p.grad = g * scale
+        adaptation.measure_step(module, step_scaler(scale))
+    adaptation.adaptation._flush()  # the measurements queued on the device, read
+    return adaptation.adaptation.noise.noise_scale()
+
+
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_fp16_gradients_an_optimizer_unscales_itself_are_unscaled_for_the_noise_scale(accumulate):
+    g = torch.Generator().manual_seed(3)
+    shapes = [(4, 16), (4,)]
+    true = [torch.randn(s, generator=g) for s in shapes]
+    steps = []
+    for _ in range(12):
+        # The whole step's gradient is nearer the true one than its first part's.
+        first = [t + torch.randn(s, generator=g) for t, s in zip(true, shapes)]
+        whole = [t + 0.5 * torch.randn(s, generator=g) for t, s in zip(true, shapes)]
+        steps.append((first, whole, accumulate))
+    none = lambda scale: None  # noqa: E731
+    unscaled = _noise_after(steps, [1.0] * 12, none, none)
+    assert unscaled is not None and unscaled > 0
+    # fp16's scale: with accumulation, halved after a skipped step half way;
+    # without, where the gradients are read step against step, moving each
+    # step (what a scale taken as 1 gets wrong is the scale's change there).
+    scales = [65536.0] * 6 + [32768.0] * 6 if accumulate > 1 else [65536.0, 32768.0] * 6
+    scaler = FakeScaler(65536.0)
+    # A fused AdamW under "16-mixed": Lightning leaves the gradients scaled.
+    module = torch.nn.Linear(16, 4)
+    fused = torch.optim.AdamW(module.parameters(), fused=True)
+    from batchtune._lightning_adapt import still_scaled_by
+    assert still_scaled_by(Plugin(scaler), fused) is scaler
+    assert still_scaled_by(Plugin(scaler), type("LightningOptimizer", (), {"_optimizer": fused})()) is scaler
+    assert still_scaled_by(Plugin(scaler), torch.optim.AdamW(module.parameters())) is None  # unscaled already
+    assert still_scaled_by(Plugin(None), fused) is None  # bf16, fp32: no scaler
+    assert _noise_after(steps, scales, FakeScaler, FakeScaler) == pytest.approx(unscaled, rel=1e-4)
+    # What the callback did before: the step's gradients taken as unscaled.
+    wrong = _noise_after(steps, scales, FakeScaler, none)
+    assert wrong is None or wrong != pytest.approx(unscaled, rel=0.5)
