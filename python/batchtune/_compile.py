@@ -3,7 +3,8 @@ it will train, the batch dimension dynamic from the first, and the time
 spent compiling measured apart from every trial.
 
 The compile phase runs one step at batch 2 (sizes 0 and 1 are always
-specialised by dynamo) for each precision the tune will run — and with the
+specialised by dynamo) and one at 16 (a convolution's guard) for each
+precision the tune will run — and with the
 sweep one at batch 1 and one forward-only, as the sweep and the evaluation
 search run them — before the time budget's phases: the graphs it compiles
 take any batch size after it, so the search and the sweep time compiled
@@ -23,6 +24,10 @@ from . import _core
 # The batch the compile phase compiles at: the smallest size dynamo keeps
 # symbolic (0 and 1 are specialised).
 COMPILE_BATCH = 2
+# And a second size: PyTorch's convolution guards batches of 2 to 15 apart
+# from larger ones (its fake kernel's choice), so a convnet compiles a
+# second graph at 16, in the phase rather than inside a trial.
+LARGER_BATCH = 16
 
 
 def is_compiled(model: torch.nn.Module) -> bool:
@@ -111,14 +116,16 @@ def compile_phase(run: Callable[[str, int, bool], "_core.TrialResult"], amps: It
                   sweep: bool, watch: CompileWatch) -> None:
     """Compiles the steps the tune will run, by one trial each (`run(amp,
     batch_size, forward_only)`), leaving no trace as every trial does: the
-    training step at `COMPILE_BATCH` at each precision of `amps`; with the
-    sweep (which times batch 1, a size dynamo specialises, and searches the
-    evaluation batch forward-only in eval mode) also at batch 1 and the
-    forward-only step. An out-of-memory there is left to the search (it then
+    training step at `COMPILE_BATCH` and `LARGER_BATCH` at each precision of
+    `amps`; with the sweep (which times batch 1, a size dynamo specialises,
+    and searches the evaluation batch forward-only in eval mode) also at
+    batch 1 and the forward-only step. A model with no such guard compiles
+    nothing at the second size: one step's cost. An out-of-memory there is left to the search (it then
     compiles at the size that fits); any other error is the model's and
     raised."""
     started = watch.clock()
-    steps = [(COMPILE_BATCH, False)] + ([(1, False), (COMPILE_BATCH, True)] if sweep else [])
+    steps = [(COMPILE_BATCH, False), (LARGER_BATCH, False)] + \
+        ([(1, False), (COMPILE_BATCH, True), (LARGER_BATCH, True)] if sweep else [])
     for amp in amps:
         for batch_size, forward_only in steps:
             try:

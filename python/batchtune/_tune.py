@@ -275,9 +275,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
             `gradient_checkpointing_enable()`.
 
     A compiled model (`torch.compile(model)` or `model.compile()`) is tuned
-    compiled: a compile phase of its own first (one step at batch 2 at each
-    precision the tune runs, with the sweep also at batch 1 and forward-only,
-    outside the time budget), the batch dimension
+    compiled: a compile phase of its own first (steps at batch 2 and 16 at
+    each precision the tune runs, with the sweep also at batch 1 and
+    forward-only, outside the time budget), the batch dimension
     dynamic so no trial compiles again; `result.compile_seconds` and
     `result.recompiles` say what it cost (a warning when a model recompiles
     in the trials anyway).

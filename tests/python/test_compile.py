@@ -89,14 +89,15 @@ def test_module_compile_in_place_is_tuned_compiled_too_and_the_sweep_compiles_no
 
 
 class SizeBranch(torch.nn.Module):
-    """Takes another path above 8 samples: dynamo guards on the batch size."""
+    """Takes another path above 20 samples (past the compile phase's 2 and
+    16): dynamo guards on the batch size."""
 
     def __init__(self):
         super().__init__()
         self.lin = torch.nn.Linear(256, 10)
 
     def forward(self, x):
-        if x.shape[0] > 8:
+        if x.shape[0] > 20:
             return self.lin(x) * 2
         return self.lin(x)
 
