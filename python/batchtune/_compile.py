@@ -2,14 +2,13 @@
 it will train, the batch dimension dynamic from the first, and the time
 spent compiling measured apart from every trial.
 
-The compile phase runs one step at batch 2 (sizes 0 and 1 are always
-specialised by dynamo) and one at 16 (a convolution's guard) for each
-precision the tune will run — and with the
-sweep one at batch 1 and one forward-only, as the sweep and the evaluation
-search run them — before the time budget's phases: the graphs it compiles
-take any batch size after it, so the search and the sweep time compiled
-steps, not compilation. Graphs
-compiled later, inside the trials, are counted as recompiles (a model that
+The compile phase runs the step at batch 2 (sizes 0 and 1 are always
+specialised by dynamo) and at 16 (a convolution's guard) for each precision
+the tune will run — and with the sweep at batch 1 and forward-only, as the
+sweep and the evaluation search run them — before the time budget's phases:
+the graphs it compiles take any batch size after it, so the search and the
+sweep time compiled steps, not compilation. Graphs compiled later, inside
+the trials, are counted as recompiles (a model that
 specialises on the batch size anyway) and warned of."""
 from __future__ import annotations
 
