@@ -202,3 +202,38 @@ def test_a_memory_bound_tune_names_checkpointing_where_it_was_not_tried():
     assert result.diagnosis.endswith("; or activation checkpointing (checkpointing=\"auto\"), "
                                      "not tried")
     assert result.to_dict()["diagnosis"]["text"] == result.diagnosis
+
+
+def test_the_lightning_callback_tunes_with_checkpointing_and_trains_with_it():
+    pl = pytest.importorskip("lightning.pytorch")
+    from batchtune.lightning import BatchTune
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(256, WIDTH, generator=g),
+                                          torch.randint(0, 10, (256,), generator=g))
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+            self.batch_size = 4
+
+        def training_step(self, batch, batch_idx):
+            return loss_fn(self.net, batch)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(data, batch_size=self.batch_size)
+
+    module = Lit()
+    tuner = BatchTune(memory_limit=LIMIT, report=None, sweep=False, amp="off",
+                      checkpointing="on", checkpoint_modules=[Block])
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[tuner])
+    trainer.fit(module)
+    assert tuner.plan.checkpointing == "on" and module.batch_size == tuner.plan.micro_batch_size
+    assert recomputing(module.net) == ["Block"] * 4  # Lightning trained with it on
+    assert trainer.global_step == 2
