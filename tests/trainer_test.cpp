@@ -451,6 +451,17 @@ TEST(Trainer, BadTargetOptionsAreRefusedNamingTheFlag) {
   EXPECT_EQ(refused(TrainOptions().target_accuracy(1.0).eval_every(2), data.get()), "accepted");
 }
 
+TEST(Trainer, ATargetAccuracyGivenAsAPercentIsToldItsFractionAndOnlyThen) {
+  const auto message = [](double a) { return testing::error_of([&] { check_target_accuracy(a); }); };
+  EXPECT_EQ(message(0.85), "");
+  EXPECT_EQ(message(1.0), "");
+  EXPECT_NE(message(85).find("got 85 (for 85 % give 0.85)"), std::string::npos) << message(85);
+  // Just above 1 is a slip, not 1.0000001 %: it said "give 0.010000001000000001".
+  EXPECT_EQ(message(1.0000001),
+            "--target-accuracy: must be a fraction in (0, 1], like 0.85; got 1.0000001");
+  EXPECT_EQ(message(1.5).find("give"), std::string::npos) << message(1.5);
+}
+
 TEST(TrainReporter, TheSummaryJsonHasTheTargetFields) {
   TrainSummary none;
   const nlohmann::json plain = to_json(none);

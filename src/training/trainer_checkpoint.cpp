@@ -76,6 +76,12 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
                                   "went); resume it with {}",
                                   path, mention(Option::kAdapt), mention(Option::kAdapt)));
   }
+  if (!record->adapt && adapter_) {
+    // One rule for images and text: the run's batch schedule began with it.
+    throw OptionError(Option::kResume,
+                      fmt::format("{} was written by a run without {}; resume it without {}",
+                                  path, mention(Option::kAdapt), mention(Option::kAdapt)));
+  }
   if (record->adapt) {
     adapt_checkpoint().load(*record->adapt, path);
     if (record->successive) {
