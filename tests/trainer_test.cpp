@@ -490,6 +490,27 @@ TEST(TrainReporter, TheSummaryJsonHasTheTargetFields) {
       << console.str();
 }
 
+TEST(TrainConsoleReporter, AStepOfFewerSamplesThanItsMicroBatchesIsNoFalseProduct) {
+  // Fixed text batches of 4 over a one-paragraph folder printed "micro-batch 4 x 1 = 1".
+  TrainSummary s;
+  s.steps = 3;
+  s.samples = 3;
+  s.micro_batch_size = 4;
+  s.accumulation_steps = 1;
+  s.global_batch_size = 1;
+  std::ostringstream console;
+  TrainConsoleReporter(console, false).summary(s);
+  EXPECT_EQ(console.str().find("4 x 1 = 1"), std::string::npos) << console.str();
+  EXPECT_NE(console.str().find("micro-batches of up to 4 x 1, 1.0 samples a step on average"),
+            std::string::npos)
+      << console.str();
+  s.global_batch_size = 4;
+  s.samples = 12;
+  std::ostringstream whole;
+  TrainConsoleReporter(whole, false).summary(s);
+  EXPECT_NE(whole.str().find("micro-batch 4 x 1 = 4"), std::string::npos) << whole.str();
+}
+
 TEST(Trainer, ResumingARunThatReachedItsTargetReemitsItsSummary) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
   const auto train = toy_data({16}, 512, 4, 2);

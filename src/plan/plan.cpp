@@ -55,6 +55,15 @@ void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& curren
   differ("model", planned.model, current.model,
          fmt::format("use that {}, or make a plan for this one (batchtune tune)",
                      name(Option::kModel)));
+  if (planned.parameters > 0 && current.parameters > 0 &&
+      planned.parameters != current.parameters && planned.model == current.model) {
+    throw Error(fmt::format(
+        "{}: the plan was made for {} of {} parameters, this run's has {}; give the model "
+        "flags the plan was tuned with ({}, {}, ...), or make a plan for this one (batchtune "
+        "tune)",
+        source, planned.model.empty() ? "a model" : planned.model, planned.parameters,
+        current.parameters, name(Option::kLayers), name(Option::kWidth)));
+  }
   differ("input", planned.input, current.input,
          fmt::format("use the same {}, or make a plan for this input (batchtune tune)",
                      name(Option::kInput)));
