@@ -201,22 +201,26 @@ TEST(TrainerAdapt, AResumeContinuesTheSameScheduleAndWeights) {
 }
 
 /// The error of resuming the checkpoint in `dir` with `options` (adapt on, as
-/// AdaptRun's plan), or "resumed".
+/// AdaptRun's plan), or "resumed" and the lines it said on resuming.
 std::string resume_error(const Dataset& train, const std::string& dir, TrainOptions options) {
   Workload w = mlp();
   auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
   const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+  std::string said;
   try {
-    Trainer(w, *memory, plan, train, nullptr,
-            options.steps(12).seed(3).checkpoint_dir(dir).resume(true))
-        .run();
+    Trainer trainer(w, *memory, plan, train, nullptr,
+                    options.steps(12).seed(3).checkpoint_dir(dir).resume(true));
+    trainer.set_callback([&](const TrainEvent& e) {
+      if (e.kind == TrainEvent::Kind::kResumed) said += "\n" + e.message;
+    });
+    trainer.run();
   } catch (const Error& e) {
     return e.what();
   }
-  return "resumed";
+  return "resumed" + said;
 }
 
-TEST(TrainerAdapt, AResumeUnderOtherBoundsOrAnotherWindowIsRefusedNamingTheFlag) {
+TEST(TrainerAdapt, AResumeUnderOtherBoundsIsRefusedAndAnotherWindowIsSaidToApply) {
   // New --adapt-min-batch/--adapt-max-batch/--adapt-every were taken
   // silently, and the run trained outside them.
   const auto train = testing::toy_data({16}, 1024, 4, 2);
@@ -228,17 +232,21 @@ TEST(TrainerAdapt, AResumeUnderOtherBoundsOrAnotherWindowIsRefusedNamingTheFlag)
     AdaptRun().run(first, *train, TrainOptions().steps(6).checkpoint_dir(dir));  // every 5
   }
   const auto adapt = [](AdaptOptions o) { return TrainOptions().adapt(true).adapt_options(o); };
-  const std::string every = resume_error(*train, dir, adapt(AdaptOptions().every(10)));
-  EXPECT_NE(every.find("decided every 5 steps, this one 10 steps; resume with --adapt-every 5"),
-            std::string::npos)
-      << every;
   const std::string least =
       resume_error(*train, dir, adapt(AdaptOptions().every(5).min_global_batch(16)));
   EXPECT_NE(least.find("resume with --adapt-min-batch"), std::string::npos) << least;
   const std::string most =
       resume_error(*train, dir, adapt(AdaptOptions().every(5).max_global_batch(32)));
   EXPECT_NE(most.find("resume with --adapt-max-batch"), std::string::npos) << most;
-  EXPECT_EQ(resume_error(*train, dir, adapt(AdaptOptions().every(5))), "resumed");
+  const std::string same = resume_error(*train, dir, adapt(AdaptOptions().every(5)));
+  EXPECT_EQ(same.find("applies from here on"), std::string::npos) << same;
+  // Another window applies, and is said (the run above ended at step 12).
+  const std::string every = resume_error(*train, dir, adapt(AdaptOptions().every(10)));
+  EXPECT_EQ(every.rfind("resumed", 0), 0u) << every;
+  EXPECT_NE(every.find("--adapt-every 10 applies from here on; the checkpoint's run decided "
+                       "every 5 steps"),
+            std::string::npos)
+      << every;
 }
 
 TEST(TrainerAdapt, ACheckpointWrittenWithoutAdaptIsRefusedWithItAsATextOneIs) {

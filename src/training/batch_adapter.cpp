@@ -363,9 +363,10 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
                                   mention(Option::kAdapt), rule, adapt_lr_name(options_.lr()),
                                   mention(Option::kAdaptLr), rule));
   }
-  // The bounds and the window the run kept: a resume under others would
-  // train outside them (global batch 8 under a new minimum of 16). A state
-  // saved before they were kept is not compared.
+  // The bounds the run kept: a resume under others would train outside
+  // them (global batch 8 under a new minimum of 16). A state saved before
+  // they were kept is not compared. Another window (`every`) applies from
+  // the resume on, and the trainer says so.
   const auto same = [&](const char* field, int64_t here, Option option, const char* verb,
                         const char* unit) {
     if (!state.contains(field)) return;
@@ -377,7 +378,6 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
                                   mention(Option::kAdapt), verb, was, unit, here, unit,
                                   mention(option), was));
   };
-  same("every", options_.every(), Option::kAdaptEvery, "decided every", " steps");
   same("min_global_batch", min_global_, Option::kAdaptMinBatch, "kept its global batch at least",
        "");
   same("max_global_batch", max_global_, Option::kAdaptMaxBatch, "kept its global batch at most",
