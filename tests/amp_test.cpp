@@ -27,6 +27,16 @@ TEST(Amp, GuardTurnsAutocastOnAndRestoresItNested) {
   EXPECT_EQ(at::mm(a, a).scalar_type(), at::kFloat);
 }
 
+TEST(Amp, NoRoundMeasuredSaysSoAndPrintsNoSpeedOfNothing) {
+  // A starved precision phase printed "ran 0.00x ... median of 0 interleaved rounds".
+  const AmpChoice none = choose_cpu_amp({}, 16);
+  EXPECT_EQ(none.mode, AmpMode::kOff);
+  EXPECT_FALSE(none.confidence.has_value());
+  EXPECT_EQ(none.reason.find("0.00x"), std::string::npos) << none.reason;
+  EXPECT_EQ(none.reason.find("median of 0"), std::string::npos) << none.reason;
+  EXPECT_NE(none.reason.find("not measured"), std::string::npos) << none.reason;
+}
+
 TEST(Amp, CpuChoiceDecidesOnlyAtTheStatedConfidence) {
   // 12x slower in every one of six rounds: off, at 96.9 % ([min, max] of six).
   const AmpChoice slow = choose_cpu_amp(std::vector<double>(6, 1.0 / 12), 32);

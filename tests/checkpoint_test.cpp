@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
@@ -321,6 +323,105 @@ TEST(CheckpointCli, ResumingAFinishedRunReemitsItsSummary) {
     EXPECT_EQ(again[key], first[key]) << key;
   }
   EXPECT_GT(again["samples_per_s"].get<double>(), 0);
+}
+
+/// Rewrites the record of `dir/checkpoint.pt` through `edit`, its checksum
+/// recomputed: a hand edit that the checksum cannot catch.
+void edit_record(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  const std::string path = dir + "/" + kCheckpointFile;
+  torch::jit::Module archive = torch::jit::load(path);
+  nlohmann::json meta = nlohmann::json::parse(archive.attr("meta").toStringRef());
+  edit(meta);
+  const std::string text = meta.dump();
+  archive.setattr("meta", text);
+  archive.setattr("meta_crc32", static_cast<int64_t>(crc32_of(text.data(), text.size())));
+  archive.save(path);
+}
+
+/// One field of a record set to a value out of its range, and the field the
+/// error must name.
+struct BadField {
+  std::string pointer;  ///< JSON pointer into the record
+  nlohmann::json value;
+  std::string field;
+};
+
+/// Each of `cases` applied to a copy of the checkpoint in `source`, then
+/// `resume` run on it: exit 2, one line naming the file and the field, no
+/// crash and no internal message.
+void expect_each_refused(const std::string& source, const std::string& resume,
+                         const std::vector<BadField>& cases) {
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.pointer + " = " + c.value.dump());
+    const std::string dir = fresh_dir("edited");
+    ASSERT_EQ(std::system(("cp '" + source + "/" + kCheckpointFile + "' '" + dir + "/'").c_str()),
+              0);
+    edit_record(dir, [&](nlohmann::json& meta) {
+      ASSERT_TRUE(meta.contains(nlohmann::json::json_pointer(c.pointer))) << meta.dump();
+      meta[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    });
+    const auto r = batchtune::testing::run_cli(resume + " --checkpoint " + dir + " --resume");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(dir + "/" + kCheckpointFile + ": field '" + c.field + "'"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("Exception raised from"), std::string::npos) << r.output;
+  }
+}
+
+TEST(CheckpointCli, AnAdaptStateOutOfRangeExitsTwoNamingTheFileAndTheField) {
+  const std::string source = fresh_dir("cli_adapt_source");
+  const std::string common =
+      "train --model mlp --input 1x8x8 --device cpu --amp off --batch-size 8 --adapt "
+      "--adapt-every 2 --log-every 0";
+  ASSERT_EQ(batchtune::testing::run_cli(common + " --steps 6 --checkpoint " + source).exit_code,
+            0);
+  expect_each_refused(
+      source, common + " --steps 8",
+      {
+          {"/adapt/policy/micro_batch_cap", -3, "adapt.policy.micro_batch_cap"},
+          {"/adapt/policy/explored_from", -7, "adapt.policy.explored_from"},
+          {"/adapt/lr_ramp_from", -1, "adapt.lr_ramp_from"},
+          {"/adapt/noise/ema_trace", -2.4e114, "adapt.noise.ema_trace"},
+          {"/adapt/noise/decay_power", 1.5, "adapt.noise.decay_power"},
+          {"/adapt/batch_schedule/0/global_batch_size", 0,
+           "adapt.batch_schedule[0].global_batch_size"},
+          {"/adapt/batch_schedule/0/global_batch_size", -8,
+           "adapt.batch_schedule[0].global_batch_size"},
+          {"/adapt/batch_schedule/0/global_batch_size", 1e15,
+           "adapt.batch_schedule[0].global_batch_size"},
+          {"/adapt/batch_schedule/0/lr", -1, "adapt.batch_schedule[0].lr"},
+          {"/position/step", -5, "position.step"},
+          {"/position/batch_in_epoch", -1, "position.batch_in_epoch"},
+      });
+}
+
+TEST(CheckpointCli, ATokenStateOutOfRangeExitsTwoNamingTheFileAndTheField) {
+  std::string text = "/tmp/batchtune-checkpoint-text-XXXXXX";
+  ASSERT_NE(::mkdtemp(text.data()), nullptr);
+  {
+    std::ofstream out(text + "/doc.txt");
+    for (int p = 0; p < 40; ++p) {
+      out << std::string(17 + (p * 37) % 48, static_cast<char>('a' + p % 26)) << "\n\n";
+    }
+  }
+  const std::string source = fresh_dir("cli_tokens_source");
+  const std::string common = "train --data text:" + text +
+                             " --layers 1 --heads 2 --width 32 --device cpu --amp off "
+                             "--batch-size 4 --target-tokens 128 --log-every 0";
+  ASSERT_EQ(batchtune::testing::run_cli(common + " --steps 3 --checkpoint " + source).exit_code,
+            0);
+  expect_each_refused(source, common + " --steps 6",
+                      {
+                          {"/tokens/rest_of_epoch", 1e9, "tokens.rest_of_epoch"},
+                          {"/tokens/tokens", -5, "tokens.tokens"},
+                          {"/tokens/target_tokens", 0, "tokens.target_tokens"},
+                          {"/tokens/token_budget", -1, "tokens.token_budget"},
+                          {"/tokens/lr", -1, "tokens.lr"},
+                          {"/tokens/rest_of_epoch/0/indices/0", 100000,
+                           "tokens.rest_of_epoch[0].indices[0]"},
+                      });
+  std::system(("rm -rf '" + text + "'").c_str());
 }
 
 }  // namespace

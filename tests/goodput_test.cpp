@@ -82,6 +82,48 @@ TEST(Goodput, ACpuLikeCurveAccumulatesRatherThanRunALargerSlowerBatch) {
   EXPECT_DOUBLE_EQ(at_global(cs, 16).samples_per_s, 7200);
 }
 
+/// A row timed with an interval, noisy or not.
+SweepRow timed(int64_t batch, double median, double low, double high, bool noisy = false) {
+  SweepRow r;
+  r.batch_size = batch;
+  r.samples_per_s = median;
+  r.samples_per_s_ci.median = median;
+  r.samples_per_s_ci.low = low;
+  r.samples_per_s_ci.high = high;
+  r.samples_per_s_ci.n = 10;
+  r.samples_per_s_ci.level = 0.95;
+  r.noisy = noisy;
+  return r;
+}
+
+TEST(Goodput, RowsThatCannotTellFallBackToTheLargestDividingMicroBatchAndSaySo) {
+  // Under load every row noisy (batch 2 at 7.2 samples/s, 64 at 106, 1 at
+  // 630): global batch 64 was planned as micro-batch 1 x 64.
+  const std::vector<SweepRow> loaded = {timed(1, 630, 90, 900, true), timed(2, 7.2, 3, 400, true),
+                                        timed(64, 106, 50, 1200, true),
+                                        timed(825, 1134, 300, 1500, true)};
+  const auto cs = goodput_candidates(loaded, 1e6, 1);
+  const GoodputCandidate& c = at_global(cs, 64);
+  EXPECT_EQ(c.micro_batch_size, 64);
+  EXPECT_EQ(c.accumulation_steps, 1);
+  EXPECT_NE(c.micro_note.find("cannot tell batch 1's 630.0 samples/s"), std::string::npos)
+      << c.micro_note;
+  // Not noisy, but intervals that overlap: the larger still.
+  const std::vector<SweepRow> close = {timed(32, 1000, 800, 1200), timed(64, 900, 850, 950)};
+  const auto cc = goodput_candidates(close, 1e6, 32);
+  EXPECT_EQ(at_global(cc, 64).micro_batch_size, 64);
+  EXPECT_NE(at_global(cc, 64).micro_note.find("intervals overlap"), std::string::npos);
+  const GoodputChoice chosen = select_goodput({at_global(cc, 64)}, 1e6, 32);
+  EXPECT_NE(chosen.reason.find("the largest that divides 64"), std::string::npos)
+      << chosen.reason;
+  // Clearly faster (intervals apart, neither noisy): the smaller one, as measured.
+  const std::vector<SweepRow> apart = {timed(8, 7200, 7000, 7400), timed(16, 2000, 1900, 2100)};
+  const GoodputCandidate& a = at_global(goodput_candidates(apart, 1e6, 8), 16);
+  EXPECT_EQ(a.micro_batch_size, 8);
+  EXPECT_EQ(a.accumulation_steps, 2);
+  EXPECT_TRUE(a.micro_note.empty()) << a.micro_note;
+}
+
 TEST(Goodput, ABaseBatchAboveTheLargestFitStartsThereAndTheDataCapsTheTop) {
   const auto cs = goodput_candidates(kRising, 50, 100, 1000);
   EXPECT_EQ(cs.front().global_batch_size, 100);

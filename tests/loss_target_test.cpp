@@ -33,6 +33,19 @@ TEST(LossTarget, IsReachedOnceAFullWindowsMeanIsAtOrBelowTheTarget) {
       << target.reached_message(12, 3.5);
 }
 
+TEST(LossTarget, ASmallTargetIsPrintedAsItWasGivenNotAsZero) {
+  // --target-loss 1e-6 printed "the target 0.0000".
+  EXPECT_EQ(format_loss(1e-6), "1e-06");
+  EXPECT_EQ(format_loss(1.5), "1.5000");
+  EXPECT_EQ(format_loss(0), "0.0000");
+  LossTarget target(1e-6, 1);
+  EXPECT_TRUE(target.add(5e-7));
+  const std::string message = target.reached_message(3, 1.0);
+  EXPECT_NE(message.find("mean loss 5e-07 over the last 1 steps reached the target 1e-06"),
+            std::string::npos)
+      << message;
+}
+
 TEST(LossTarget, ARestoredWindowDecidesAsTheWholeRunWould) {
   const std::vector<double> losses{3.1, 2.7, 2.2, 1.9, 2.4, 1.7, 1.6, 1.8};
   LossTarget whole(2.0, 4);

@@ -8,6 +8,10 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
+#include "batchtune/memory/device_memory.h"
+#include "batchtune/step/workload.h"
+#include "batchtune/tuning/plan_request.h"
+#include "test_helpers.h"
 
 namespace batchtune {
 namespace {
@@ -146,6 +150,21 @@ TEST(Plan, MultipleOfRoundsTheMicroBatchDownAndSaysWhatItCost) {
   EXPECT_NE(small.reason(PlanField::kMicroBatch).find("no multiple of it fits"),
             std::string::npos);
   EXPECT_THROW(make_plan(PlanOptions().micro_batch_size(5).multiple_of(0)), Error);
+}
+
+TEST(Plan, ATargetBelowTheMultipleKeepsTheMicroBatchAMultiple) {
+  // plan --batch-size 20 --target-batch 7 --multiple-of 8 gave micro-batch 7.
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(20).target_batch(7).multiple_of(8));
+  EXPECT_EQ(plan.micro_batch_size, 8) << plan.reason(PlanField::kMicroBatch);
+  EXPECT_EQ(plan.accumulation_steps, 1);
+  EXPECT_EQ(plan.global_batch_size, 8);
+  EXPECT_EQ(plan.reason(PlanField::kMicroBatch).rfind("micro-batch 8, not the 20 chosen", 0), 0u)
+      << plan.reason(PlanField::kMicroBatch);
+  EXPECT_NE(plan.reason(PlanField::kMicroBatch).find("multiple of"), std::string::npos)
+      << plan.reason(PlanField::kMicroBatch);
+  // 20 of a multiple of 8 under a micro-batch of 32: 16, the multiple below.
+  const Plan twenty = make_plan(PlanOptions().micro_batch_size(32).target_batch(20).multiple_of(8));
+  EXPECT_EQ(twenty.micro_batch_size % 8, 0) << twenty.reason(PlanField::kMicroBatch);
 }
 
 TEST(Plan, TheLrIsScaledFromTheBatchItBelongsToAndNotWhenThatIsUnknown) {
@@ -389,6 +408,34 @@ TEST(Plan, ATokenBudgetAndItsBucketsRoundTripAndAreChecked) {
   const std::string missing = plan_file_error(
       with("length_buckets", {{{"max_length", 512}}}));
   EXPECT_NE(missing.find("'micro_batch_size': missing"), std::string::npos) << missing;
+}
+
+TEST(Plan, APlanForAnotherSizeOfTheSameModelIsRefusedNamingBothCounts) {
+  // Two sizes of the built-in gpt share the name "gpt", not the memory.
+  auto memory = make_device_memory(c10::Device(c10::kCPU), int64_t{1} << 30);
+  Workload small(WorkloadOptions().model("gpt").gpt(GptOptions().layers(1).width(32)));
+  Workload usual(WorkloadOptions().model("gpt"));
+  const PlanWorkload planned = describe_workload(small, *memory, PlanRequest());
+  const PlanWorkload current = describe_workload(usual, *memory, PlanRequest());
+  ASSERT_EQ(planned.model, current.model);
+  EXPECT_GT(planned.parameters, 0);
+  EXPECT_NE(planned.parameters, current.parameters);
+  EXPECT_NO_THROW(check_plan_workload(planned, planned, "--plan p.json", FrontEnd::kCli));
+  const std::string message = testing::error_of(
+      [&] { check_plan_workload(planned, current, "--plan p.json", FrontEnd::kCli); });
+  EXPECT_NE(message.find("--plan p.json: the plan was made for gpt of " +
+                         std::to_string(planned.parameters) + " parameters, this run's has " +
+                         std::to_string(current.parameters)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--layers"), std::string::npos) << message;
+  // Recorded in the plan file and read back; a plan without it is not compared.
+  Plan plan = make_plan(PlanOptions().micro_batch_size(8));
+  plan.workload = planned;
+  EXPECT_EQ(plan_from_json(to_json(plan), "test").workload.parameters, planned.parameters);
+  PlanWorkload unrecorded = planned;
+  unrecorded.parameters = 0;
+  EXPECT_NO_THROW(check_plan_workload(unrecorded, current, "--plan p.json", FrontEnd::kCli));
 }
 
 }  // namespace

@@ -207,6 +207,28 @@ TEST(Search, StopsAtTheTimeBudgetWithTheBestSoFar) {
   EXPECT_NE(r.stop_reason.find("time budget"), std::string::npos);
 }
 
+TEST(Search, AnAnswerTheBudgetCutShortSaysItIsALowerBound) {
+  // A starved search returned 2 where 35 fits, and looked whole.
+  const auto device = fake_device([](int64_t b) { return 100 + 1.0 * b; });
+  batchtune::testing::FakeClock clock;
+  const auto slow = [&](int64_t b) {
+    clock.advance(10);
+    return device(b);
+  };
+  const SearchResult cut = search_max_batch(
+      slow, SearchOptions().strategy(SearchStrategy::kBinsearch).time_budget_s(35), clock);
+  ASSERT_TRUE(cut.hit_time_budget);
+  EXPECT_TRUE(cut.lower_bound) << describe(cut);
+  EXPECT_NE(cut.stop_reason.find(std::to_string(cut.max_batch_size) + " is a lower bound"),
+            std::string::npos)
+      << cut.stop_reason;
+  // Given the time, the same search closes on the limit: no lower bound.
+  const SearchResult whole = search_max_batch(
+      slow, SearchOptions().strategy(SearchStrategy::kBinsearch).time_budget_s(100000), clock);
+  EXPECT_FALSE(whole.hit_time_budget);
+  EXPECT_FALSE(whole.lower_bound) << describe(whole);
+}
+
 TEST(Search, TheAnswerWasTriedAndFitted) {
   const auto device = fake_device([](int64_t b) { return 10 + 0.37 * b * std::log2(b + 1); });
   for (auto strategy : {SearchStrategy::kPredict, SearchStrategy::kPower,

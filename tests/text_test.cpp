@@ -548,6 +548,47 @@ std::vector<at::Tensor> weights_of(Workload& workload) {
   return out;
 }
 
+TEST(TokenTrainer, ARunStoppedAtAnEpochsEndResumesTheWholeNextEpoch) {
+  // It resumed "at step 2 (epoch 2, micro-batch 7 of it)" and skipped the
+  // rest of epoch 2: 6 steps for 4 epochs, other weights.
+  TextFolder folder("epoch-end", {16, 64}, 60, 21);
+  TextDataset text(folder.path(), {16, 64});
+  const std::string dir = temp_folder("epoch-end-ckpt");
+  const auto options = [](TrainOptions r) { return TokenTrainOptions().run(r).target_tokens(128); };
+  TokenRunSetup whole;
+  std::vector<TrainEvent> whole_events;
+  const TrainSummary s_whole = whole.run(text, options(TrainOptions().epochs(3)), &whole_events);
+  int64_t first_end = 0;
+  for (const auto& e : whole_events) {
+    if (e.kind == TrainEvent::Kind::kEpochEnd) {
+      first_end = e.step;
+      break;
+    }
+  }
+  ASSERT_GT(first_end, 0);
+  ASSERT_LT(first_end, s_whole.steps);
+
+  TokenRunSetup first;
+  first.run(text, options(TrainOptions().steps(first_end).checkpoint_dir(dir)));
+  TokenRunSetup second;
+  std::vector<TrainEvent> events;
+  const TrainSummary s_resumed =
+      second.run(text, options(TrainOptions().epochs(3).checkpoint_dir(dir).resume(true)), &events);
+  EXPECT_EQ(s_resumed.resumed_from_step, first_end);
+  EXPECT_EQ(s_resumed.steps, s_whole.steps);
+  EXPECT_EQ(s_resumed.samples, s_whole.samples) << "every sample of the next epochs, once each";
+  EXPECT_EQ(s_resumed.tokens, s_whole.tokens);
+  EXPECT_DOUBLE_EQ(s_resumed.epochs, 3.0);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.front().message.find("(epoch 2, at its start)"), std::string::npos)
+      << events.front().message;
+  const auto a = weights_of(whole.workload);
+  const auto b = weights_of(second.workload);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::allclose(a[i], b[i], 1e-5, 1e-6)) << i;
+  remove_tree(dir);
+}
+
 TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
   TextFolder folder("resume", {16, 64}, 300, 12);
   TextDataset text(folder.path(), {16, 64});
@@ -618,6 +659,15 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
       error_of([&] { other.run(text, options(run().resume(true)).target_tokens(256)); });
   EXPECT_EQ(message.rfind("--resume: ", 0), 0u) << message;
   EXPECT_NE(message.find("--target-tokens 128, this one has 256"), std::string::npos) << message;
+  // Without --target-tokens on the resume: not "this one has 0".
+  TokenRunSetup without;
+  const std::string none = error_of(
+      [&] { without.run(text, TokenTrainOptions().run(run().resume(true))); });
+  EXPECT_NE(none.find("--target-tokens 128, this one gives none; resume with the same "
+                      "--target-tokens"),
+            std::string::npos)
+      << none;
+  EXPECT_EQ(none.find("has 0"), std::string::npos) << none;
   remove_tree(dir);
 }
 

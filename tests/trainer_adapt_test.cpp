@@ -200,6 +200,77 @@ TEST(TrainerAdapt, AResumeContinuesTheSameScheduleAndWeights) {
   }
 }
 
+/// The error of resuming the checkpoint in `dir` with `options` (adapt on, as
+/// AdaptRun's plan), or "resumed" and the lines it said on resuming.
+std::string resume_error(const Dataset& train, const std::string& dir, TrainOptions options) {
+  Workload w = mlp();
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+  std::string said;
+  try {
+    Trainer trainer(w, *memory, plan, train, nullptr,
+                    options.steps(12).seed(3).checkpoint_dir(dir).resume(true));
+    trainer.set_callback([&](const TrainEvent& e) {
+      if (e.kind == TrainEvent::Kind::kResumed) said += "\n" + e.message;
+    });
+    trainer.run();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "resumed" + said;
+}
+
+TEST(TrainerAdapt, AResumeUnderOtherBoundsIsRefusedAndAnotherWindowIsSaidToApply) {
+  // New --adapt-min-batch/--adapt-max-batch/--adapt-every were taken
+  // silently, and the run trained outside them.
+  const auto train = testing::toy_data({16}, 1024, 4, 2);
+  const std::string dir = ::testing::TempDir() + "batchtune_adapt_bounds_test";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+  ::mkdir(dir.c_str(), 0755);
+  {
+    Workload first = mlp();
+    AdaptRun().run(first, *train, TrainOptions().steps(6).checkpoint_dir(dir));  // every 5
+  }
+  const auto adapt = [](AdaptOptions o) { return TrainOptions().adapt(true).adapt_options(o); };
+  const std::string least =
+      resume_error(*train, dir, adapt(AdaptOptions().every(5).min_global_batch(16)));
+  EXPECT_NE(least.find("resume with --adapt-min-batch"), std::string::npos) << least;
+  const std::string most =
+      resume_error(*train, dir, adapt(AdaptOptions().every(5).max_global_batch(32)));
+  EXPECT_NE(most.find("resume with --adapt-max-batch"), std::string::npos) << most;
+  const std::string same = resume_error(*train, dir, adapt(AdaptOptions().every(5)));
+  EXPECT_EQ(same.find("applies from here on"), std::string::npos) << same;
+  // Another window applies, and is said (the run above ended at step 12).
+  const std::string every = resume_error(*train, dir, adapt(AdaptOptions().every(10)));
+  EXPECT_EQ(every.rfind("resumed", 0), 0u) << every;
+  EXPECT_NE(every.find("--adapt-every 10 applies from here on; the checkpoint's run decided "
+                       "every 5 steps"),
+            std::string::npos)
+      << every;
+}
+
+TEST(TrainerAdapt, ACheckpointWrittenWithoutAdaptIsRefusedWithItAsATextOneIs) {
+  // Images accepted it, text refused it: one rule.
+  const auto train = testing::toy_data({16}, 1024, 4, 2);
+  const std::string dir = ::testing::TempDir() + "batchtune_adapt_plain_test";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+  ::mkdir(dir.c_str(), 0755);
+  {
+    Workload w = mlp();
+    auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+    const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+    Trainer(w, *memory, plan, *train, nullptr,
+            TrainOptions().steps(4).seed(3).checkpoint_dir(dir))
+        .run();
+  }
+  const std::string message = resume_error(
+      *train, dir, TrainOptions().adapt(true).adapt_options(AdaptOptions().every(5)));
+  EXPECT_EQ(message.rfind("--resume: ", 0), 0u) << message;
+  EXPECT_NE(message.find("was written by a run without --adapt; resume it without --adapt"),
+            std::string::npos)
+      << message;
+}
+
 TEST(TrainerAdapt, IsRefusedWithoutTheNoiseScaleItFollows) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
   const auto train = testing::toy_data({16}, 256, 4, 2);

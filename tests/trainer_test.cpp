@@ -451,6 +451,17 @@ TEST(Trainer, BadTargetOptionsAreRefusedNamingTheFlag) {
   EXPECT_EQ(refused(TrainOptions().target_accuracy(1.0).eval_every(2), data.get()), "accepted");
 }
 
+TEST(Trainer, ATargetAccuracyGivenAsAPercentIsToldItsFractionAndOnlyThen) {
+  const auto message = [](double a) { return testing::error_of([&] { check_target_accuracy(a); }); };
+  EXPECT_EQ(message(0.85), "");
+  EXPECT_EQ(message(1.0), "");
+  EXPECT_NE(message(85).find("got 85 (for 85 % give 0.85)"), std::string::npos) << message(85);
+  // Just above 1 is a slip, not 1.0000001 %: it said "give 0.010000001000000001".
+  EXPECT_EQ(message(1.0000001),
+            "--target-accuracy: must be a fraction in (0, 1], like 0.85; got 1.0000001");
+  EXPECT_EQ(message(1.5).find("give"), std::string::npos) << message(1.5);
+}
+
 TEST(TrainReporter, TheSummaryJsonHasTheTargetFields) {
   TrainSummary none;
   const nlohmann::json plain = to_json(none);
@@ -477,6 +488,27 @@ TEST(TrainReporter, TheSummaryJsonHasTheTargetFields) {
   EXPECT_NE(console.str().find("target test accuracy 85.00 %: reached at step 420"),
             std::string::npos)
       << console.str();
+}
+
+TEST(TrainConsoleReporter, AStepOfFewerSamplesThanItsMicroBatchesIsNoFalseProduct) {
+  // Fixed text batches of 4 over a one-paragraph folder printed "micro-batch 4 x 1 = 1".
+  TrainSummary s;
+  s.steps = 3;
+  s.samples = 3;
+  s.micro_batch_size = 4;
+  s.accumulation_steps = 1;
+  s.global_batch_size = 1;
+  std::ostringstream console;
+  TrainConsoleReporter(console, false).summary(s);
+  EXPECT_EQ(console.str().find("4 x 1 = 1"), std::string::npos) << console.str();
+  EXPECT_NE(console.str().find("micro-batches of up to 4 x 1, 1.0 samples a step on average"),
+            std::string::npos)
+      << console.str();
+  s.global_batch_size = 4;
+  s.samples = 12;
+  std::ostringstream whole;
+  TrainConsoleReporter(whole, false).summary(s);
+  EXPECT_NE(whole.str().find("micro-batch 4 x 1 = 4"), std::string::npos) << whole.str();
 }
 
 TEST(Trainer, ResumingARunThatReachedItsTargetReemitsItsSummary) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,22 @@ TEST(TuneResult, ACompiledModelsCompilationIsInTheJsonAndThePageAndAnEagerOnesIs
   EXPECT_NE(html_report(r).find("Compiled: 12.5 s compiling, 2 graph(s), 1 recompile(s) in the "
                                 "trials. The compile phase ran 12.0 s before the budget."),
             std::string::npos);
+}
+
+TEST(TuneResult, ASearchTheBudgetCutShortIsSaidToBeALowerBound) {
+  TuneResult r;
+  r.search.max_batch_size = 2;
+  r.search.hit_time_budget = true;
+  r.search.lower_bound = true;
+  std::ostringstream console;
+  ConsoleTuneReporter(console).finished(r);
+  EXPECT_NE(console.str().find("2 fits, and is a lower bound"), std::string::npos)
+      << console.str();
+  EXPECT_EQ(to_json(r)["search"]["lower_bound"], true);
+  r.search.lower_bound = false;
+  std::ostringstream whole;
+  ConsoleTuneReporter(whole).finished(r);
+  EXPECT_EQ(whole.str().find("lower bound"), std::string::npos) << whole.str();
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
 #include "batchtune/memory/device_memory.h"
+#include "batchtune/reports/tune_page.h"
 #include "batchtune/reports/tune_report.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/step/workload.h"
@@ -288,6 +289,29 @@ TEST(Tune, NotEvenBatchOneFittingIsAnErrorSayingWhatWasNeeded) {
   EXPECT_NE(message.find("not even batch 1 fits"), std::string::npos) << message;
 }
 
+TEST(Tune, EveryTextThatGivesTheBudgetSharesGivesTheCoresOwn) {
+  // docs/python.md said search 35 %, the tune docstring 40 %, the core 30 %.
+  const auto percent = [](double share) { return std::to_string(std::lround(share * 100)); };
+  const std::string shares = "precision " + percent(kPrecisionBudgetShare) + " %, search " +
+                             percent(kSearchBudgetShare) + " %, sweep " +
+                             percent(kSweepBudgetShare) + " %, the goodput noise run " +
+                             percent(kNoiseBudgetShare) + " %";
+  const std::string rest = "the evaluation batch " + percent(kEvalBudgetShare) +
+                           " %, loader tuning " + percent(kLoaderBudgetShare) + " %";
+  for (const char* file : {"docs/python.md", "python/batchtune/_tune.py", "docs/manual.md",
+                           "docs/measurement.md"}) {
+    std::ifstream in(std::string(BATCHTUNE_SOURCE_DIR) + "/" + file);
+    ASSERT_TRUE(in) << file;
+    // Words as a reader sees them: line breaks and indentation are spaces.
+    std::string text;
+    for (std::string word; in >> word;) text += word + " ";
+    EXPECT_NE(text.find(shares), std::string::npos) << file << " lacks: " << shares;
+    if (std::string(file) != "docs/manual.md") {
+      EXPECT_NE(text.find(rest), std::string::npos) << file << " lacks: " << rest;
+    }
+  }
+}
+
 TEST(Tune, BadOptionsNameTheOption) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
   FakeSubject subject(1024);
@@ -443,6 +467,26 @@ TEST(Tune, ASearchOnlyTuneGivesTheSearchTheWholeBudget) {
   EXPECT_FALSE(r.search.hit_time_budget) << r.search.stop_reason;
   EXPECT_TRUE(r.search.confirmed) << r.search.stop_reason;
   EXPECT_GT(r.search.seconds, 12) << r.search.stop_reason;
+}
+
+TEST(Tune, TheReportsUsableMemoryIsTheOneTheTrialsWereJudgedAgainst) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
+  TimedSubject subject(clock, AmpMode::kOff, 5, 0.1);
+  std::optional<TrialRunner> runner;  // made when the tune first asks, as the CLI's is
+  const RunnerAt runner_at = [&](AmpMode) -> TrialRunner& {
+    if (!runner) runner.emplace(subject, *memory, 0.1);
+    return *runner;
+  };
+  const TuneResult r = tune(
+      runner_at, *memory,
+      TuneOptions().time_budget_s(20).clock(&clock).amp(AmpMode::kOff).search_only(true));
+  ASSERT_FALSE(r.search.trials.empty());
+  EXPECT_EQ(r.usable_bytes, r.search.trials.front().usable_bytes);
+  EXPECT_LT(r.usable_bytes, r.capacity_bytes) << "the 10 % margin off the capacity";
+  const std::string html = html_report(r);
+  EXPECT_NE(html.find("usable 57.6 MiB (10 % margin)"), std::string::npos)
+      << html.substr(html.find("capacity"), 120);
 }
 
 TEST(Tune, WithoutASweepThePlanIsAtTheLargestThatFits) {

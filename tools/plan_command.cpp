@@ -53,6 +53,7 @@ int run_plan(const PlanCommandFlags& flags, const CLI::App& cmd) {
       // so that `train --plan` may use it with any model, input and budget.
       PlanWorkload& w = plan.workload;
       if (cmd.count("--model") == 0) w.model.clear();
+      w.parameters = 0;  // the micro-batch was not measured on this size
       if (cmd.count("--input") == 0 && cmd.count("--input-spec") == 0) w.input.clear();
       if (cmd.count("--optimizer") == 0) w.optimizer.clear();
       if (cmd.count("--memory-limit") == 0) w.memory_limit_bytes = 0;

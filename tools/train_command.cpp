@@ -82,15 +82,7 @@ int run_train(const TrainFlags& flags, const CLI::App& cmd) {
                             flags.eval_every));
   }
   const bool text = flags.data.data.rfind("text:", 0) == 0;
-  if (cmd.count("--target-accuracy") > 0) {
-    const double a = flags.target_accuracy;
-    if (!(a > 0 && a <= 1)) {
-      throw Error(fmt::format("--target-accuracy: must be a fraction in (0, 1], like 0.85; got "
-                              "{}{}",
-                              a, a > 1 && a <= 100 ? fmt::format(" (for {} % give {})", a, a / 100)
-                                                   : std::string()));
-    }
-  }
+  if (cmd.count("--target-accuracy") > 0) check_target_accuracy(flags.target_accuracy);
   if (cmd.count("--target-loss") > 0) {
     if (!(std::isfinite(flags.target_loss) && flags.target_loss > 0)) {
       throw Error(fmt::format("--target-loss: must be a positive loss, like 1.5; got {}",

@@ -74,7 +74,7 @@ class Plan:
     """What the plan could not know and guessed (the batch the lr belongs to)."""
     workload: Dict[str, Any] = dataclasses.field(default_factory=dict)
     """What the plan was measured on (model, input, optimizer, base_lr,
-    base_batch, device, memory_limit_bytes), as the plan JSON's `workload`."""
+    base_batch, device, memory_limit_bytes, parameters), as the plan JSON's `workload`."""
 
     @property
     def batch_size(self) -> int:

@@ -64,6 +64,17 @@ void check_plan_workload(const PlanWorkload& planned, const PlanWorkload& curren
   differ("device", planned.device, current.device,
          fmt::format("train on that {}, or make a plan on this one (batchtune tune)",
                      name(Option::kDevice)));
+  // Last of the names: another input or another build of the model changes
+  // the count too, and is named as such above.
+  if (planned.parameters > 0 && current.parameters > 0 &&
+      planned.parameters != current.parameters && planned.model == current.model) {
+    throw Error(fmt::format(
+        "{}: the plan was made for {} of {} parameters, this run's has {}; give the model "
+        "flags the plan was tuned with ({}, {}, ...), or make a plan for this one (batchtune "
+        "tune)",
+        source, planned.model.empty() ? "a model" : planned.model, planned.parameters,
+        current.parameters, name(Option::kLayers), name(Option::kWidth)));
+  }
   // A smaller budget than the plan was measured under: its micro-batch may
   // not fit. Within `kPlanMemoryTolerance` it is the same budget (without
   // --memory-limit a CPU's budget is the available RAM, which moves).

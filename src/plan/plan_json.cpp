@@ -71,6 +71,7 @@ nlohmann::json to_json(const PlanWorkload& w) {
       {"base_batch", w.base_batch},
       {"device", w.device},
       {"memory_limit_bytes", w.memory_limit_bytes},
+      {"parameters", w.parameters},
   };
 }
 
@@ -197,7 +198,7 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     if (!w.is_object()) r.fail("workload", "must be an object, got " + w.dump());
     const PlanReader wr(w, source + ": field 'workload'");
     wr.only({"model", "input", "optimizer", "base_lr", "base_batch", "device",
-             "memory_limit_bytes"});
+             "memory_limit_bytes", "parameters"});
     const auto text = [&](const char* name) {
       return w.contains(name) ? wr.text(name) : std::string();
     };
@@ -209,6 +210,10 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
     if (w.contains("memory_limit_bytes")) {
       plan.workload.memory_limit_bytes =
           wr.integer("memory_limit_bytes", 0, std::numeric_limits<int64_t>::max());
+    }
+    if (w.contains("parameters")) {
+      plan.workload.parameters =
+          wr.integer("parameters", 0, std::numeric_limits<int64_t>::max());
     }
     if (w.contains("base_lr")) {
       const auto& v = w["base_lr"];

@@ -160,9 +160,15 @@ Split split_global_batch(const PlanOptions& o) {
         // global batch several times the target.
         split.micro = std::max<int64_t>(
             1, std::llround(static_cast<double>(target) / static_cast<double>(world)));
-        split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: {} {}{} needs no more",
-                                         split.micro, chosen, target_source, target,
-                                         processes);
+        // The multiple still holds: the largest one below, or the multiple itself.
+        const bool rounded = !aligned(split.micro);
+        if (rounded) split.micro = std::max(multiple, split.micro / multiple * multiple);
+        split.micro_reason = fmt::format("micro-batch {}, not the {} chosen: {} {}{} needs no more{}",
+                                         split.micro, chosen, target_source, target, processes,
+                                         rounded ? fmt::format(", kept to a multiple of {} {}",
+                                                               source(o, Option::kMultipleOf),
+                                                               multiple)
+                                                 : std::string());
       }
       const int64_t per_step = split.micro * world;
       split.accumulation = std::max<int64_t>(

@@ -114,6 +114,7 @@ nlohmann::json to_json(const SearchResult& search) {
         {"hit_time_budget", search.hit_time_budget},
         {"hit_max_batch", search.hit_max_batch},
         {"confirmed", search.confirmed},
+        {"lower_bound", search.lower_bound},
         {"stop_reason", search.stop_reason}}},
       {"trials", trials},
   };

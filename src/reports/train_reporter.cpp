@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "batchtune/common/size.h"
+#include "batchtune/training/loss_target.h"
 
 namespace batchtune {
 namespace {
@@ -15,7 +16,7 @@ constexpr int kBarWidth = 24;
 /// "test accuracy 85.00 %" or "training loss 1.5000".
 std::string describe_target(const TrainTarget& t) {
   if (t.metric == "test_accuracy") return fmt::format("test accuracy {:.2f} %", t.value * 100);
-  if (t.metric == "train_loss") return fmt::format("training loss {:.4f}", t.value);
+  if (t.metric == "train_loss") return "training loss " + format_loss(t.value);
   return fmt::format("{} {:.4g}", t.metric, t.value);
 }
 
@@ -134,8 +135,12 @@ void TrainConsoleReporter::summary(const TrainSummary& s) {
                         "micro-batches on average",
                         average(s.tokens), s.target_tokens, average(s.samples),
                         average(s.micro_batches))
-          : fmt::format("micro-batch {} x {} = {}", s.micro_batch_size, s.accumulation_steps,
-                        s.global_batch_size);
+      : s.micro_batch_size * s.accumulation_steps == s.global_batch_size
+          ? fmt::format("micro-batch {} x {} = {}", s.micro_batch_size, s.accumulation_steps,
+                        s.global_batch_size)
+          // Text of fewer samples than a step takes: "4 x 1 = 1" was no product.
+          : fmt::format("micro-batches of up to {} x {}, {:.1f} samples a step on average",
+                        s.micro_batch_size, s.accumulation_steps, average(s.samples));
   out_ << fmt::format(
       "trained {} steps ({:.2f} epochs, {} samples) in {:.1f} s: {:.0f} samples/s; final loss "
       "{:.4f}; test accuracy {}; {} out-of-memory recoveries; {}; gradient noise scale {}\n",

@@ -113,6 +113,12 @@ void ConsoleTuneReporter::finished(const TuneResult& result) {
                "{} sweep row(s)), marked incomplete\n",
                result.interrupted_by, result.search.trials.size(), result.sweep.size());
   }
+  if (result.search.lower_bound) {
+    fmt::print(out_,
+               "the time budget stopped the search before it found the limit: {} fits, and is a "
+               "lower bound (a larger batch may fit); give the tune a larger time budget\n",
+               result.search.max_batch_size);
+  }
   if (!result.budget_note.empty()) fmt::print(out_, "time budget: {}\n", result.budget_note);
   out_ << std::flush;
 }

@@ -66,6 +66,15 @@ AmpChoice choose_cpu_amp(const std::vector<double>& speedups, int64_t batch_size
                         batch_size),
             1.0};
   }
+  if (speedups.empty()) {
+    // Nothing measured (no round fitted in what was left): no "0.00x ...
+    // median of 0 rounds".
+    return {AmpMode::kOff,
+            fmt::format("amp off: inconclusive, kept fp32: no interleaved round of fp32 and "
+                        "bf16 ran at batch {}, so bf16 was not measured",
+                        batch_size),
+            std::nullopt};
+  }
   const Estimate e = estimate_median(speedups);
   const std::string measured = fmt::format(
       "bf16 autocast ran {} the speed of fp32 on this CPU (median of {} interleaved rounds at "

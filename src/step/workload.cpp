@@ -242,4 +242,6 @@ at::Tensor Workload::compute_loss(const Batch& batch) {
   return spec_loss(spec_, model_->forward(batch.inputs), batch, options_.model());
 }
 
+int64_t Workload::parameter_count() const { return batchtune::parameter_count(*model_); }
+
 }  // namespace batchtune

@@ -336,6 +336,9 @@ nlohmann::json BatchAdapter::state() const {
                        {"high", speed.high}});
   }
   return {{"base_batch", base_batch_},
+          {"every", options_.every()},
+          {"min_global_batch", min_global_},
+          {"max_global_batch", max_global_},
           {"micro_batch_cap", micro_cap_},
           {"explored_from", explored_from_},
           {"lr_rule", adapt_lr_name(options_.lr())},
@@ -360,6 +363,25 @@ void BatchAdapter::load_state(const nlohmann::json& state) {
                                   mention(Option::kAdapt), rule, adapt_lr_name(options_.lr()),
                                   mention(Option::kAdaptLr), rule));
   }
+  // The bounds the run kept: a resume under others would train outside
+  // them (global batch 8 under a new minimum of 16). A state saved before
+  // they were kept is not compared. Another window (`every`) applies from
+  // the resume on, and the trainer says so.
+  const auto same = [&](const char* field, int64_t here, Option option, const char* verb,
+                        const char* unit) {
+    if (!state.contains(field)) return;
+    const auto was = state.at(field).get<int64_t>();
+    if (was == here) return;
+    throw OptionError(Option::kResume,
+                      fmt::format("the checkpoint's {} run {} {}{}, this one {}{}; resume with "
+                                  "{} {}",
+                                  mention(Option::kAdapt), verb, was, unit, here, unit,
+                                  mention(option), was));
+  };
+  same("min_global_batch", min_global_, Option::kAdaptMinBatch, "kept its global batch at least",
+       "");
+  same("max_global_batch", max_global_, Option::kAdaptMaxBatch, "kept its global batch at most",
+       "");
   micro_cap_ = state.at("micro_batch_cap").get<int64_t>();
   explored_from_ = state.at("explored_from").get<int64_t>();
   speeds_.clear();

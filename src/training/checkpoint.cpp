@@ -25,6 +25,7 @@
 #include "batchtune/memory/budget_allocator.h"
 #include "batchtune/models/model.h"
 #include "batchtune/training/train_summary_json.h"
+#include "training/checkpoint_fields.h"
 #include "training/checkpoint_json.h"
 
 namespace batchtune {
@@ -335,6 +336,12 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   try {
     record.identity = identity_from_json(meta.at("identity"));
     const auto& p = meta.at("position");
+    check_position_fields(p, path);
+    if (meta.contains("adapt")) check_adapt_fields(meta.at("adapt"), path);
+    if (const auto& summary = meta.at("summary"); summary.is_object() && summary.contains("batch_schedule")) {
+      check_batch_schedule_fields(summary.at("batch_schedule"), "summary.batch_schedule",
+                                  CheckpointFields(path));
+    }
     record.position.step = p.at("step").get<int64_t>();
     record.position.epoch = p.at("epoch").get<int64_t>();
     record.position.batch_in_epoch = p.at("batch_in_epoch").get<int64_t>();

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <numeric>
 
 namespace batchtune {
@@ -18,11 +19,16 @@ double LossTarget::mean() const {
          static_cast<double>(window_.size());
 }
 
+std::string format_loss(double loss) {
+  if (loss != 0 && std::abs(loss) < 1e-3) return fmt::format("{:.3g}", loss);
+  return fmt::format("{:.4f}", loss);
+}
+
 std::string LossTarget::reached_message(int64_t step, double seconds) const {
   return fmt::format(
-      "mean loss {:.4f} over the last {} steps reached the target {:.4f} at step {} after {:.1f} "
+      "mean loss {} over the last {} steps reached the target {} at step {} after {:.1f} "
       "s: stopping",
-      mean(), window_size_, target_, step, seconds);
+      format_loss(mean()), window_size_, format_loss(target_), step, seconds);
 }
 
 void LossTarget::restore(const std::vector<double>& losses) {

@@ -9,6 +9,10 @@
 namespace batchtune {
 namespace {
 
+/// A target accuracy of 2 to 100 was meant as a percent: a target of 1 %
+/// (chance on 100 classes) is no target, and just above 1 is a slip.
+constexpr double kSmallestPercentTarget = 2;
+
 /// The options every run checks, whatever it trains on (see run_options.h).
 void check_run_options(const TrainOptions& options) {
   if (options.epochs() < 0 || options.steps() < 0 ||
@@ -75,16 +79,25 @@ void check_train_options(const TrainOptions& options, bool has_test) {
                                                       options.eval_every()));
   }
   if (const auto& target = options.target_accuracy()) {
-    if (!(*target > 0 && *target <= 1)) {
-      throw OptionError(Option::kTargetAccuracy,
-                        fmt::format("must be a fraction in (0, 1], like 0.85; got {}", *target));
-    }
+    check_target_accuracy(*target);
     if (!has_test) {
       throw OptionError(Option::kTargetAccuracy,
                         "needs a test split to evaluate on (" + mention(Option::kData) +
                             " fashion-mnist, or an image folder with a test/ sub-folder)");
     }
   }
+}
+
+void check_target_accuracy(double fraction) {
+  if (fraction > 0 && fraction <= 1) return;
+  // A percent is told its fraction; 1.0000001 is no percent (it was
+  // "for 1.0000001 % give 0.010000001000000001").
+  const bool percent = fraction >= kSmallestPercentTarget && fraction <= 100;
+  throw OptionError(Option::kTargetAccuracy,
+                    fmt::format("must be a fraction in (0, 1], like 0.85; got {}{}", fraction,
+                                percent ? fmt::format(" (for {:g} % give {:g})", fraction,
+                                                      fraction / 100)
+                                        : std::string()));
 }
 
 }  // namespace batchtune

@@ -15,6 +15,7 @@
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/training/checkpoint.h"
+#include "training/checkpoint_fields.h"
 
 namespace batchtune {
 namespace {
@@ -119,6 +120,8 @@ double TokenSteps::epochs_at(int64_t /*step*/) const {
 }
 
 std::string TokenSteps::position_in_epoch(int64_t /*step*/) const {
+  // At an epoch's end, the next one starts at the next step.
+  if (started_ && epoch_done()) return "at its start";
   return fmt::format("micro-batch {} of it", epoch_offset_ + static_cast<int64_t>(next_));
 }
 
@@ -272,6 +275,7 @@ void TokenSteps::save(CheckpointRecord& record) const {
   for (size_t i = next_; i < micro_.size(); ++i) rest.push_back(to_json(micro_[i]));
   record.position.batch_in_epoch = epoch_offset_ + static_cast<int64_t>(next_);
   record.tokens = nlohmann::json{{"target_tokens_given", options_.target_tokens()},
+                                 {"epoch", epoch_},
                                  {"lr", plan_.lr},
                                  {"tokens", tokens_},
                                  {"padded_tokens", padded_tokens_},
@@ -290,25 +294,27 @@ void TokenSteps::check(const CheckpointRecord& record, const std::string& path) 
                                   "budget; give another {} DIR to start afresh",
                                   path, mention(Option::kCheckpoint)));
   }
-  if (!record.adapt && options_.run().adapt()) {
-    throw OptionError(Option::kResume,
-                      fmt::format("{} was written by a run without {}; resume it without {}",
-                                  path, mention(Option::kAdapt), mention(Option::kAdapt)));
-  }
   const auto given = record.tokens->find("target_tokens_given");
   if (given != record.tokens->end() && given->is_number_integer() &&
       given->get<int64_t>() != options_.target_tokens()) {
-    throw OptionError(Option::kResume,
-                      fmt::format("{} was written by a run with {} {}, this one has {}; resume "
-                                  "with the same {}",
-                                  path, mention(Option::kTargetTokens), given->get<int64_t>(),
-                                  options_.target_tokens(), mention(Option::kTargetTokens)));
+    // 0 is "not given", never a count (it said "this one has 0").
+    const int64_t was = given->get<int64_t>();
+    const std::string flag = mention(Option::kTargetTokens);
+    throw OptionError(
+        Option::kResume,
+        fmt::format("{} was written by a run {}, this one {}; resume {}", path,
+                    was > 0 ? fmt::format("with {} {}", flag, was) : "without " + flag,
+                    options_.target_tokens() > 0
+                        ? fmt::format("has {}", options_.target_tokens())
+                        : "gives none",
+                    was > 0 ? fmt::format("with the same {}", flag) : "without " + flag));
   }
 }
 
 void TokenSteps::load(const CheckpointRecord& record, const std::vector<BatchChange>& /*schedule*/,
                       const std::string& path) {
   const nlohmann::json& t = *record.tokens;
+  check_token_fields(t, path, static_cast<int64_t>(lengths_.size()), group_size_ > 0);
   try {
     std::vector<TokenBatch> rest;
     for (const auto& b : t.at("rest_of_epoch")) rest.push_back(token_batch_from_json(b));
@@ -321,8 +327,14 @@ void TokenSteps::load(const CheckpointRecord& record, const std::vector<BatchCha
     micro_batches_ = t.at("micro_batches").get<int64_t>();
     epoch_samples_ = t.at("epoch_samples").get<int64_t>();
     plan_.lr = t.at("lr").get<double>();
-    // The epoch it stopped in continues with the micro-batches it had left.
-    epoch_ = record.position.epoch;
+    // The epoch it stopped in continues with the micro-batches it had left;
+    // at an epoch's end (none left) the next step starts the next epoch, as
+    // the whole run's did. The trainer's position already counts that next
+    // epoch: a checkpoint without "epoch" is one behind it there (taking
+    // the position skipped the whole next epoch).
+    epoch_ = t.contains("epoch") ? t.at("epoch").get<int64_t>()
+             : rest.empty() && record.position.epoch > 0 ? record.position.epoch - 1
+                                                         : record.position.epoch;
     micro_ = std::move(rest);
     next_ = 0;
     epoch_offset_ = record.position.batch_in_epoch;

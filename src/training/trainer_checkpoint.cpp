@@ -76,8 +76,24 @@ std::optional<TrainSummary> Trainer::load_checkpoint() {
                                   "went); resume it with {}",
                                   path, mention(Option::kAdapt), mention(Option::kAdapt)));
   }
+  if (!record->adapt && adapter_) {
+    // One rule for images and text: the run's batch schedule began with it.
+    throw OptionError(Option::kResume,
+                      fmt::format("{} was written by a run without {}; resume it without {}",
+                                  path, mention(Option::kAdapt), mention(Option::kAdapt)));
+  }
   if (record->adapt) {
     adapt_checkpoint().load(*record->adapt, path);
+    // Another window applies from here on (the bounds may not change: the
+    // policy refuses them), and is said.
+    const nlohmann::json& policy = record->adapt->at("policy");
+    if (const auto every = policy.find("every");
+        every != policy.end() && every->get<int64_t>() != adapter_->options().every()) {
+      emit(TrainEvent::Kind::kResumed,
+           fmt::format("{} {} applies from here on; the checkpoint's run decided every {} steps",
+                       option_name(Option::kAdaptEvery, FrontEnd::kCli),
+                       adapter_->options().every(), every->get<int64_t>()));
+    }
     if (record->successive) {
       training_step_.successive().load_state(on_device(*record->successive, memory_.device()));
     }

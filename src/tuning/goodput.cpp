@@ -8,6 +8,19 @@
 #include <set>
 
 namespace batchtune {
+namespace {
+
+/// `a` is measured faster than `b` beyond doubt: neither row noisy, and,
+/// where both have intervals, `a`'s above `b`'s. Rows without intervals
+/// (n = 0: figures given, not timed) compare by their medians.
+bool clearly_faster(const SweepRow& a, const SweepRow& b) {
+  if (!(a.samples_per_s > b.samples_per_s)) return false;
+  if (a.noisy || b.noisy) return false;
+  if (a.samples_per_s_ci.n == 0 || b.samples_per_s_ci.n == 0) return true;
+  return a.samples_per_s_ci.low > b.samples_per_s_ci.high;
+}
+
+}  // namespace
 
 std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& rows,
                                                  double noise_scale, int64_t base_batch,
@@ -27,15 +40,30 @@ std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& ro
   std::vector<GoodputCandidate> out;
   for (int64_t global : globals) {
     if (global < base_batch || global > cap) continue;
-    const SweepRow* best = nullptr;
+    // The largest dividing row, unless a smaller one is clearly faster.
+    const SweepRow* largest = nullptr;
     for (const auto& row : rows) {
       if (row.batch_size <= global && global % row.batch_size == 0 &&
-          (best == nullptr || row.samples_per_s > best->samples_per_s)) {
-        best = &row;
+          (largest == nullptr || row.batch_size > largest->batch_size)) {
+        largest = &row;
       }
     }
     // No measured micro-batch divides it, or only with too many micro-batches.
-    if (best == nullptr || global / best->batch_size > kGoodputMaxAccumulation) continue;
+    if (largest == nullptr || global / largest->batch_size > kGoodputMaxAccumulation) continue;
+    const SweepRow* best = largest;
+    const SweepRow* untold = nullptr;  // faster by its median, not beyond doubt
+    for (const auto& row : rows) {
+      if (row.batch_size > global || global % row.batch_size != 0 ||
+          global / row.batch_size > kGoodputMaxAccumulation) {
+        continue;
+      }
+      if (clearly_faster(row, *largest)) {
+        if (row.samples_per_s > best->samples_per_s || best == largest) best = &row;
+      } else if (row.samples_per_s > largest->samples_per_s &&
+                 (untold == nullptr || row.samples_per_s > untold->samples_per_s)) {
+        untold = &row;
+      }
+    }
     GoodputCandidate c;
     c.global_batch_size = global;
     c.micro_batch_size = best->batch_size;
@@ -44,6 +72,15 @@ std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& ro
     c.efficiency = statistical_efficiency(noise_scale, static_cast<double>(base_batch),
                                           static_cast<double>(global));
     c.goodput = c.samples_per_s * c.efficiency;
+    if (best == largest && untold != nullptr) {
+      c.micro_note = fmt::format(
+          "micro-batch {}, the largest that divides {}: the rows cannot tell batch {}'s {:.1f} "
+          "samples/s from its {:.1f} ({}), and a larger micro-batch is not slower unless "
+          "measured so",
+          largest->batch_size, global, untold->batch_size, untold->samples_per_s,
+          largest->samples_per_s,
+          untold->noisy || largest->noisy ? "noisy rows" : "their intervals overlap");
+    }
     out.push_back(c);
   }
   return out;
@@ -83,6 +120,7 @@ GoodputChoice select_goodput(const std::vector<GoodputCandidate>& candidates, do
         "{:.1f}",
         fastest->global_batch_size, fastest->samples_per_s, fastest->efficiency, fastest->goodput);
   }
+  if (!best->micro_note.empty()) reason += "; " + best->micro_note;
   return {*best, reason};
 }
 

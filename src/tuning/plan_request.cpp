@@ -74,6 +74,7 @@ PlanWorkload describe_workload(const Workload& workload, const DeviceMemory& mem
   w.base_batch = request.base_batch.value_or(0);
   w.device = memory.device().str();
   w.memory_limit_bytes = memory.usable_bytes();
+  w.parameters = workload.parameter_count();
   return w;
 }
 

@@ -275,10 +275,15 @@ SearchResult search_max_batch(const TrialFunction& trial, const SearchOptions& o
   result.max_batch_size = b.best_fit;
   result.smallest_failure = b.first_fail;
   result.hit_max_batch = b.best_fit >= options.max_batch();
+  result.lower_bound = result.hit_time_budget && b.best_fit > 0 && !result.hit_max_batch &&
+                       !(b.first_fail && closed(b, options));
   if (result.hit_time_budget) {
     result.stop_reason = fmt::format(
-        "stopped by the time budget ({:.0f} s) with the best size found so far",
-        options.time_budget_s());
+        "stopped by the time budget ({:.0f} s) with the best size found so far{}",
+        options.time_budget_s(),
+        result.lower_bound
+            ? fmt::format(": {} is a lower bound, a larger batch may fit", b.best_fit)
+            : std::string());
   } else if (b.best_fit == 0) {
     result.stop_reason = "not even batch size 1 fits";
   } else if (result.hit_max_batch) {

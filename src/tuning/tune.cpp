@@ -100,6 +100,10 @@ TuneResult TunePipeline::run() {
                          why.value_or(interrupt_name()));
   }
   if (r.workload.empty()) r.workload = subject_.runner(AmpMode::kOff).subject().describe();
+  // The usable memory the trials were judged against: a runner made during
+  // the run takes its margin off the capacity then, after the start read it.
+  r.usable_bytes = r.search.trials.empty() ? memory_.usable_bytes()
+                                           : r.search.trials.front().usable_bytes;
   finish_monitor();
   note_budget_overrun();
   reporter_.finished(r);

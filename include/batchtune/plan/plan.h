@@ -87,6 +87,9 @@ struct PlanWorkload {
   int64_t base_batch = 0;
   std::string device;       ///< `cpu`, `cuda:0`
   int64_t memory_limit_bytes = 0;  ///< the usable budget the micro-batch was measured under
+  /// Parameter elements of the model: `gpt` of 37,344 and of 149,248 share
+  /// the name, not the memory.
+  int64_t parameters = 0;
   bool empty() const { return model.empty(); }
 };
 

@@ -74,6 +74,9 @@ class Workload {
   /// What batches hold and how the loss is computed.
   const InputSpec& input_spec() const { return spec_; }
   Model& model() { return *model_; }
+  /// Number of parameter elements of the model (a plan records it: two
+  /// sizes of one built-in model share its name).
+  int64_t parameter_count() const;
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
 
   /// A batch of random inputs and labels on the device, the same for the

@@ -10,6 +10,11 @@
 
 namespace batchtune {
 
+/// A loss or a loss target as the run's lines show it: four decimals
+/// ("1.5000"), or three significant digits below 0.001 ("1e-06"), where four
+/// decimals would print a target of 1e-6 as 0.0000.
+std::string format_loss(double loss);
+
 /// Stops a run once the mean loss of its last `window` optimizer steps is at
 /// or below `target`: a mean of a few, so that one lucky batch does not end
 /// the run. The window is a checkpoint's, so that a resume stops where the

@@ -82,6 +82,15 @@ struct TrainOptions {
   TORCH_ARG(AdaptOptions, adapt_options) = {};
 };
 
+/// Refuses (`OptionError` about `--target-accuracy`) an accuracy outside
+/// (0, 1]; one given as a percent (2 to 100) is told its fraction.
+///
+/// Example:
+/// ```
+///   batchtune::check_target_accuracy(85);  // "... got 85 (for 85 % give 0.85)"
+/// ```
+void check_target_accuracy(double fraction);
+
 /// A goal that ends training early: `metric` reaching `value`.
 struct TrainTarget {
   /// "test_accuracy" (reached at or above `value`) or "train_loss" (at or below).

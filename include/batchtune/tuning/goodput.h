@@ -22,14 +22,20 @@ struct GoodputCandidate {
   double samples_per_s = 0;        ///< the micro-batch's throughput
   double efficiency = 0;           ///< E(global)
   double goodput = 0;              ///< samples_per_s × efficiency
+  /// Why the micro-batch is the largest dividing row though a smaller one
+  /// measured faster (the rows could not tell them apart); empty otherwise.
+  std::string micro_note;
 };
 
 /// The candidate global batches and their goodput: every sweep row's batch,
 /// every power of two, and `base_batch` itself, from `base_batch` up to the
 /// largest row × `kGoodputMaxAccumulation` (and at most `max_global_batch`
-/// when positive: the training data). Each runs as the fastest sweep row
+/// when positive: the training data). Each runs as the largest sweep row
 /// whose batch divides it, accumulated (at most `kGoodputMaxAccumulation`
-/// micro-batches). Sorted by global batch. Rows must not
+/// micro-batches), unless a smaller dividing row is measured clearly faster
+/// (neither row noisy, their intervals apart): for one global batch a larger
+/// micro-batch is not slower unless measured so, and a burst of load on one
+/// row must not make a plan of micro-batch 1 x 64. Sorted by global batch. Rows must not
 /// be empty; `noise_scale` ≥ 0.
 std::vector<GoodputCandidate> goodput_candidates(const std::vector<SweepRow>& rows,
                                                  double noise_scale, int64_t base_batch,

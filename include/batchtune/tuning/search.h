@@ -69,6 +69,10 @@ struct SearchResult {
   bool hit_max_batch = false;
   /// The answer fitted again in a trial at the end of the search.
   bool confirmed = false;
+  /// The time budget stopped the search before it closed on the limit (no
+  /// failure just above the answer, no `max_batch` reached): a larger batch
+  /// may fit, and `max_batch_size` is a lower bound, not the limit.
+  bool lower_bound = false;
   /// Why the search stopped, in plain words.
   std::string stop_reason;
 };
