@@ -67,9 +67,14 @@ def test_a_compiled_model_is_tuned_compiled_with_no_recompile_and_the_eager_larg
     assert result.compile_seconds > 0
     assert len(result.trials) >= 4
     assert any(t.failure == "out_of_memory" for t in result.trials)  # raised in compiled code
-    # aot_eager runs the eager kernels: the same memory, the same answer
-    # within the search's tolerance.
-    assert abs(result.max_batch_size - plain.max_batch_size) <= 0.05 * plain.max_batch_size
+    # aot_eager runs the eager kernels: at least the eager model's largest
+    # batch (within the search's tolerance; the compile phase's warm steps
+    # can leave the compiled search the larger answer), and it fits again.
+    assert result.max_batch_size >= 0.95 * plain.max_batch_size
+    again = batchtune.probe(compiled, optimizer, loss_fn, make_batch,
+                            batch_size=result.max_batch_size, memory_limit=LIMIT, steps=1,
+                            min_time=0, amp="off")
+    assert again.fits, again.error
     record = result.to_dict()["compile"]
     assert record["recompiles"] == 0 and record["graphs"] >= 1
     assert record["compile_seconds"] == pytest.approx(result.compile_seconds)
