@@ -190,6 +190,7 @@ Workload mlp() {
 }
 
 TEST(SuccessiveGradients, AStepWithoutAccumulationMeasuresEveryStepAndLeavesItsGradient) {
+  const testing::OneThread one_thread;  // two runs compared bit for bit
   const auto data = testing::toy_data({16}, 64, 4, 4);
   const c10::Device cpu(c10::kCPU);
   Workload plain = mlp();

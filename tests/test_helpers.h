@@ -46,6 +46,21 @@ inline void expect_identical(const std::vector<torch::Tensor>& a,
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i;
 }
 
+/// One intra-op thread for the scope, for tests that compare two runs of the
+/// same arithmetic bit for bit: with two threads on a loaded 2-core machine,
+/// two identical MLP steps differed in the last bits of their gradients in 3
+/// of 60 runs (MKL_DYNAMIC=FALSE did not help); with one, in none of 60.
+class OneThread {
+ public:
+  OneThread() : previous_(at::get_num_threads()) { at::set_num_threads(1); }
+  ~OneThread() { at::set_num_threads(previous_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int previous_;
+};
+
 /// The message of the `batchtune::Error` that `f` throws ("" if none).
 template <typename F>
 std::string error_of(F&& f) {

@@ -153,6 +153,7 @@ TEST(TrainerAdapt, WithoutAdaptTheSummaryHasNoSchedule) {
 }
 
 TEST(TrainerAdapt, AResumeContinuesTheSameScheduleAndWeights) {
+  const testing::OneThread one_thread;  // two runs compared bit for bit
   const auto train = testing::toy_data({16}, 4096, 4, 2);
   const std::string dir = ::testing::TempDir() + "batchtune_adapt_resume_test";
   std::remove((dir + "/" + kCheckpointFile).c_str());

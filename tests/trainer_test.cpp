@@ -159,6 +159,7 @@ TEST(Trainer, OutOfMemoryAtMicroBatchOneStopsWithAClearError) {
 }
 
 TEST(Trainer, ResumeFromACheckpointReproducesTheUninterruptedRunExactly) {
+  const testing::OneThread one_thread;  // two runs compared bit for bit
   auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
   const auto data = toy_data({1, 12, 12}, 80, 5, 5);  // 5 steps per epoch at 16
   const Plan plan =
@@ -198,6 +199,7 @@ TEST(Trainer, ResumeFromACheckpointReproducesTheUninterruptedRunExactly) {
 }
 
 TEST(Trainer, AnInterruptStopsAfterTheStepWithACheckpointThatResumes) {
+  const testing::OneThread one_thread;  // two runs compared bit for bit
   auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
   const auto data = toy_data({1, 12, 12}, 80, 5, 5);
   const Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-3).base_batch(16));
