@@ -92,6 +92,24 @@ TEST_F(BudgetAllocatorTest, UncountedScopeKeepsHostCopiesOutOfTheBudget) {
   EXPECT_EQ(budget_.live_bytes(), before);
 }
 
+TEST_F(BudgetAllocatorTest, CountOnlyKeepsTheDevicesBlocksAndMakesTheRestHostMemory) {
+  auto weights = torch::empty({kMiB / 4}, torch::kFloat);  // 1 MiB, the device's
+  auto data = torch::empty({kMiB / 2}, torch::kFloat);     // 2 MiB, the host's
+  const int64_t before = budget_.live_bytes();
+  const int64_t host = budget_.count_only({weights.data_ptr()});
+  EXPECT_GE(host, 2 * kMiB) << "the data and whatever else was live";
+  EXPECT_EQ(budget_.live_bytes(), before - host);
+  EXPECT_EQ(budget_.peak_bytes(), budget_.live_bytes());
+  // The host's block freed counts nothing; the device's still counts.
+  const int64_t after = budget_.live_bytes();
+  data.reset();
+  EXPECT_EQ(budget_.live_bytes(), after);
+  weights.reset();
+  EXPECT_EQ(budget_.live_bytes(), after - kMiB);
+  budget_.count_only({});  // nothing counted is left behind for other tests
+  EXPECT_EQ(budget_.live_bytes(), 0);
+}
+
 TEST_F(BudgetAllocatorTest, CachesFreedBlocksAndReleasesThem) {
   budget_.release_cached();
   void* first = nullptr;

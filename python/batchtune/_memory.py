@@ -4,6 +4,7 @@ extension and Python's torch share one LibTorch, so Python's tensors count)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from typing import Iterator, Optional, Union
 
@@ -129,6 +130,27 @@ def storage_key(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
+def _cpu_storages(tensors) -> Iterator[torch.Tensor]:
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            continue
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank's shard holds the bytes
+            t = t.to_local()
+        yield t
+
+
+def count_only(tensors) -> int:
+    """Makes the emulated device hold only `tensors` (a model's and optimizer's)
+    of what the process holds now: everything else already allocated (the
+    data, what earlier code left, garbage collected here first) is host
+    memory, as it would be beside a GPU, so a tune's answer does not depend on
+    what ran before it. Returns the bytes that stopped counting."""
+    if not _core.budget_installed():
+        return 0
+    gc.collect()
+    return int(_core.budget_count_only(list(_cpu_storages(tensors))))
+
+
 def uncounted_bytes(tensors) -> int:
     """Bytes of the distinct CPU storages among `tensors` that the budget does
     not count (they were allocated before it was installed)."""
@@ -136,11 +158,7 @@ def uncounted_bytes(tensors) -> int:
         return 0
     seen = set()
     total = 0
-    for t in tensors:
-        if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-            continue
-        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank's shard holds the bytes
-            t = t.to_local()
+    for t in _cpu_storages(tensors):
         key = storage_key(t)
         if key == 0 or key in seen:
             continue

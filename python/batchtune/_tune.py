@@ -19,7 +19,8 @@ from ._checkpointing import MODES as CHECKPOINTING_MODES
 from ._checkpointing import Checkpointing, CheckpointingRun, choose_checkpointing
 from ._compile import CompileWatch, compile_phase, compiled_amps, is_compiled
 from ._lengths import parse_lengths
-from ._memory import MemoryLimit, device_memory, resolve_device, restored_budget, uncounted_bytes
+from ._memory import (MemoryLimit, count_only, device_memory, resolve_device, restored_budget,
+                      uncounted_bytes)
 from ._results import ProbeResult, SweepRow, TuneResult
 from ._step import LossFn, check_amp_device
 from ._trial import MakeBatch, Runner, Subject
@@ -90,11 +91,14 @@ def _state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 @contextlib.contextmanager
 def _measured_device(device: torch.device, memory_limit: MemoryLimit, model, optimizer):
-    """The device memory for a tune or probe; on the CPU the model and
-    optimizer state made before the budget was installed are charged to it
-    (a ballast of their size, never touched, so it costs no RAM), so that
-    the budget sees what a GPU would hold."""
+    """The device memory for a tune or probe. On the CPU the emulated device
+    holds what a GPU would: the model and optimizer state, those made before
+    the budget was installed charged as a ballast of their size (never
+    touched, so it costs no RAM), and what the trials allocate; the rest of
+    the process's tensors are host memory (`count_only`)."""
     with restored_budget():
+        if device.type == "cpu":
+            count_only(_state_tensors(model, optimizer))
         memory = device_memory(device, memory_limit)
         ballast = None
         if device.type == "cpu":

@@ -11,6 +11,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
@@ -109,6 +111,19 @@ void bind_memory(py::module_& m) {
     if (b == nullptr || !tensor.defined() || !tensor.has_storage()) return false;
     return tensor.storage().data_ptr().get_deleter() == b->raw_deleter();
   });
+  m.def(
+      "budget_count_only",
+      [](const std::vector<at::Tensor>& device) {
+        std::unordered_set<const void*> pointers;
+        for (const auto& t : device) {
+          if (t.defined() && t.has_storage()) pointers.insert(t.storage().data_ptr().get());
+        }
+        auto* b = BudgetAllocator::installed();
+        return b ? b->count_only(pointers) : int64_t{0};
+      },
+      py::arg("device"),
+      "Stops counting every live CPU block but the storages of `device` (the model's and "
+      "optimizer's tensors); returns the bytes now counted as host memory.");
   m.attr("UNLIMITED") = BudgetAllocator::kUnlimited;
   m.def("parse_size", &parse_size, py::arg("text"), py::arg("what") = "memory_limit");
   m.def("format_bytes", &format_bytes);

@@ -175,6 +175,19 @@ void BudgetAllocator::reset_peak() {
   peak_bytes_ = live_bytes_;
 }
 
+int64_t BudgetAllocator::count_only(const std::unordered_set<const void*>& device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t host = 0;
+  for (auto& [ptr, block] : live_) {
+    if (!block.counted || device.count(ptr) > 0) continue;
+    block.counted = false;
+    host += static_cast<int64_t>(block.bytes);
+  }
+  live_bytes_ -= host;
+  peak_bytes_ = live_bytes_;
+  return host;
+}
+
 int64_t BudgetAllocator::oom_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return oom_count_;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace batchtune {
@@ -66,6 +67,15 @@ class BudgetAllocator final : public c10::Allocator {
   /// Turns the cache of freed blocks on or off (on by default). Off frees
   /// every block at once, as glibc's allocator would.
   void set_caching(bool enabled);
+
+  /// Stops counting every live block but those in `device` (the data
+  /// pointers of what the emulated device holds: a model's parameters and
+  /// optimizer state) and returns the bytes it stopped counting. What else a
+  /// process holds when a tune or probe starts (its data, another test's
+  /// tensors, garbage not yet collected) is host memory, as it would be
+  /// beside a GPU; counted, it made one tune's answer depend on what ran
+  /// before it in the process. Their frees then count nothing.
+  int64_t count_only(const std::unordered_set<const void*>& device);
 
   /// While one of these lives, allocations made on this thread are not
   /// counted against the budget: for host-side copies that belong to the
