@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/autocast_mode.h>
+
+#include "batchtune/step/amp.h"
 #include "batchtune/step/training_step.h"
 #include "batchtune/memory/device_memory.h"
 #include "batchtune/common/error.h"
@@ -73,6 +76,54 @@ TEST(Gpt, TrialFitsAndRunsOutOfTheBudget) {
   TrialRunner runner(workload, *memory);
   EXPECT_TRUE(runner.run(TrialOptions().batch_size(4).steps(1)).fits);
   EXPECT_FALSE(runner.run(TrialOptions().batch_size(4096).steps(1)).fits);
+}
+
+/// The parameters' gradients of one backward pass of `workload` on `batch`.
+std::vector<at::Tensor> gradients(Workload& workload, const Batch& batch, AmpMode amp = AmpMode::kOff) {
+  workload.optimizer().zero_grad(true);
+  at::Tensor loss;
+  {
+    AutocastGuard autocast(c10::kCPU, amp);
+    loss = workload.compute_loss(batch);
+  }
+  loss.backward();
+  std::vector<at::Tensor> grads;
+  for (const auto& p : workload.model().parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+TEST(Gpt, CheckpointingGivesTheSameGradientsAsKeepingTheActivations) {
+  for (AmpMode amp : {AmpMode::kOff, AmpMode::kBf16}) {
+    Workload kept(small_gpt().gpt(GptOptions().layers(3)));
+    Workload recomputed(small_gpt().gpt(GptOptions().layers(3).checkpointing(true)));
+    const Batch batch = kept.synthetic_batch(4);
+    const auto a = gradients(kept, batch, amp);
+    const auto b = gradients(recomputed, batch, amp);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_TRUE(b[i].defined()) << "parameter " << i << " got no gradient";
+      // The same arithmetic, though bf16's recomputation may round apart.
+      const double tolerance = amp == AmpMode::kOff ? 1e-6 : 1e-2;
+      EXPECT_TRUE(torch::allclose(a[i], b[i], tolerance, tolerance * 1e-2))
+          << amp_name(amp) << ", parameter " << i << ": " << (a[i] - b[i]).abs().max().item<double>();
+    }
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(c10::kCPU)) << "the recomputation's autocast undone";
+  }
+}
+
+TEST(Gpt, CheckpointingLowersTheStepsPeakAndFitsALargerBatch) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 256 << 20);
+  const auto peak = [&](bool checkpointing) {
+    Workload workload(small_gpt().gpt(GptOptions().layers(4).checkpointing(checkpointing)));
+    TrialRunner runner(workload, *memory);
+    const TrialResult r = runner.run(TrialOptions().batch_size(16).steps(1));
+    EXPECT_TRUE(r.fits) << r.error;
+    return r.peak_bytes;
+  };
+  const int64_t kept = peak(false);
+  const int64_t recomputed = peak(true);
+  EXPECT_LT(static_cast<double>(recomputed), 0.75 * static_cast<double>(kept))
+      << kept << " -> " << recomputed;
 }
 
 TEST(Gpt, DefaultsAndBadOptions) {

@@ -285,6 +285,37 @@ TEST(TrainCli, APlanMadeForAnotherWorkloadIsRefusedNamingTheField) {
   EXPECT_NE(input.output.find("input"), std::string::npos) << input.output;
 }
 
+TEST(TrainCli, ACheckpointingPlanTrainsWithItAndIsRefusedWithoutIt) {
+  std::string dir = "/tmp/batchtune-cli-checkpointing-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  {
+    std::ofstream out(dir + "/doc.txt");
+    for (int p = 0; p < 40; ++p) out << std::string(16 + p, static_cast<char>('a' + p % 26)) << "\n\n";
+  }
+  const std::string gpt = " --data text:" + dir +
+                          " --layers 2 --heads 2 --width 32 --device cpu --amp off "
+                          "--memory-limit 16MiB";
+  const std::string path = ::testing::TempDir() + "batchtune_cli_plan_checkpointing.json";
+  const auto tuned = run_cli("tune" + gpt + " --checkpointing on --time-budget 4 --json " + path);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  std::ifstream in(path);
+  const auto plan = nlohmann::json::parse(in)["plan"];
+  EXPECT_EQ(plan["checkpointing"], "on") << plan.dump();
+  EXPECT_NE(plan.dump().find("activation checkpointing on: as asked with --checkpointing"),
+            std::string::npos)
+      << plan.dump();
+  const auto without = run_cli("train --plan " + path + gpt + " --steps 1");
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+  EXPECT_NE(without.output.find("activation checkpointing on, this run has it off; give "
+                                "--checkpointing on"),
+            std::string::npos)
+      << without.output;
+  const auto with = run_cli("train --plan " + path + gpt + " --checkpointing on --steps 2 --json -");
+  ASSERT_EQ(with.exit_code, 0) << with.output;
+  const auto j = nlohmann::json::parse(with.output.substr(with.output.find("\n{") + 1));
+  EXPECT_EQ(j["steps"], 2);
+}
+
 TEST(TrainCli, APlanWhoseMicroBatchWasGivenBindsOnlyWhatWasSaid) {
   const std::string path = ::testing::TempDir() + "batchtune_cli_plan_unbound.json";
   const auto made = run_cli("plan --batch-size 4 --device cpu --amp off --json " + path);

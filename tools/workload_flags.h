@@ -35,6 +35,7 @@ struct WorkloadFlags {
   int64_t heads = 2;
   int64_t width = 64;
   bool untied_head = false;
+  std::string checkpointing = "off";
   std::string optimizer = "adam";
   double lr = 1e-3;
   uint64_t seed = 0;

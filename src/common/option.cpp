@@ -58,6 +58,7 @@ constexpr std::array<OptionNames, kOptionCount> kNames{{
     {Option::kLayers, "--layers", "layers"},
     {Option::kHeads, "--heads", "heads"},
     {Option::kWidth, "--width", "width"},
+    {Option::kCheckpointing, "--checkpointing", "checkpointing"},
     {Option::kNproc, "--nproc", "nproc"},
     {Option::kNnodes, "--nnodes", "nnodes"},
     {Option::kNodeRank, "--node-rank", "node_rank"},

@@ -12,6 +12,7 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
+#include "batchtune/models/activation_checkpoint.h"
 #include "models/builtin_models.h"
 
 namespace batchtune::models {
@@ -75,7 +76,8 @@ struct GptImpl : nn::Module {
       : token_embedding(register_module("token_embedding", nn::Embedding(vocab, options.width()))),
         position_embedding(
             register_module("position_embedding", nn::Embedding(max_length, options.width()))),
-        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({options.width()})))) {
+        norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({options.width()})))),
+        checkpointing(options.checkpointing()) {
     for (int64_t i = 0; i < options.layers(); ++i) {
       blocks->push_back(Block(options.width(), options.heads()));
     }
@@ -98,7 +100,12 @@ struct GptImpl : nn::Module {
     const int64_t time = tokens.size(1);
     const at::Tensor positions = at::arange(time, tokens.options().dtype(at::kLong));
     at::Tensor x = token_embedding(tokens) + position_embedding(positions);
-    for (const auto& block : *blocks) x = block->as<Block>()->forward(x);
+    for (const auto& module : *blocks) {
+      auto* block = module->as<Block>();
+      x = checkpointing && is_training()
+              ? checkpointed([block](const at::Tensor& in) { return block->forward(in); }, x)
+              : block->forward(x);
+    }
     x = norm(x);
     return head.is_empty() ? at::matmul(x, token_embedding->weight.t()) : head(x);
   }
@@ -108,6 +115,7 @@ struct GptImpl : nn::Module {
   nn::ModuleList blocks;
   nn::LayerNorm norm;
   nn::Linear head{nullptr};
+  bool checkpointing;
 };
 TORCH_MODULE(Gpt);
 

@@ -186,6 +186,14 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
                      request);
   }
   plan.workload = describe_workload(workload, memory, request);
+  if (workload.options().gpt().checkpointing()) {
+    plan.checkpointing = true;
+    plan.reasons.push_back(
+        {PlanField::kNote, fmt::format("activation checkpointing on: {} (the micro-batch was "
+                                       "measured with it)",
+                                       as_asked(Option::kCheckpointing, request.front_end,
+                                                request.sources))});
+  }
   plan.workload.base_batch =
       options.base_batch() > 0 ? options.base_batch() : plan.global_batch_size;
   return plan;

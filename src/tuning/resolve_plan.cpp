@@ -25,6 +25,12 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const std::string source =
         (request.front_end == FrontEnd::kCli ? "--plan " : "the plan ") + request.plan_file;
     check_plan_workload(file.workload, current, source, request.front_end);
+    if (file.checkpointing && !workload.options().gpt().checkpointing()) {
+      // Its micro-batch fits only with the activations it does not keep.
+      throw Error(fmt::format("{}: the plan was tuned with activation checkpointing on, this run "
+                              "has it off; give {} on, or make a plan without it (batchtune tune)",
+                              source, name(Option::kCheckpointing)));
+    }
     AmpChoice amp{file.amp, fmt::format("amp {}: from the plan {}", amp_name(file.amp),
                                         request.plan_file)};
     if (request.amp) {

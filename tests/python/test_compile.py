@@ -67,10 +67,10 @@ def test_a_compiled_model_is_tuned_compiled_with_no_recompile_and_the_eager_larg
     assert result.compile_seconds > 0
     assert len(result.trials) >= 4
     assert any(t.failure == "out_of_memory" for t in result.trials)  # raised in compiled code
-    # aot_eager runs the eager kernels: at least the eager model's largest
-    # batch (within the search's tolerance; the compile phase's warm steps
-    # can leave the compiled search the larger answer), and it fits again.
-    assert result.max_batch_size >= 0.95 * plain.max_batch_size
+    # aot_eager runs the eager kernels: the eager model's largest batch
+    # within the search's tolerance (each tune counts only what the device
+    # holds, not what earlier tests left), and it fits again.
+    assert abs(result.max_batch_size - plain.max_batch_size) <= 0.05 * plain.max_batch_size
     again = batchtune.probe(compiled, optimizer, loss_fn, make_batch,
                             batch_size=result.max_batch_size, memory_limit=LIMIT, steps=1,
                             min_time=0, amp="off")
@@ -87,8 +87,10 @@ def test_module_compile_in_place_is_tuned_compiled_too_and_the_sweep_compiles_no
     model = mlp()
     model.compile(backend="aot_eager")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    # max_batch: the searches' trials small enough that the evaluation search
+    # gets its share of the budget on a loaded machine too.
     result = batchtune.tune(model, optimizer, loss_fn, make_batch, memory_limit=LIMIT, amp="off",
-                            report=None, base_batch=64, time_budget=10)
+                            report=None, base_batch=64, time_budget=20, max_batch=512)
     assert 1 in [row.batch_size for row in result.sweep] and result.eval_batch_size > 0
     assert result.recompiles == 0 and result.compile_seconds > 0
 

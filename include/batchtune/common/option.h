@@ -50,6 +50,7 @@ enum class Option {
   kLayers,     ///< the built-in gpt's layers
   kHeads,      ///< the built-in gpt's attention heads
   kWidth,      ///< the built-in gpt's width
+  kCheckpointing,  ///< activation checkpointing (the built-in gpt's blocks; Python's modules)
   // The launcher (`batchtune launch`): Python runs under torchrun.
   kNproc,     ///< processes on this host
   kNnodes,    ///< hosts

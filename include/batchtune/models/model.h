@@ -29,6 +29,9 @@ struct GptOptions {
   TORCH_ARG(int64_t, width) = 64;
   /// The output head shares the token embedding's weights (as GPT-2 does).
   TORCH_ARG(bool, tied_head) = true;
+  /// Activation checkpointing: each block's activations are recomputed in
+  /// the backward pass instead of kept (see `checkpointed`).
+  TORCH_ARG(bool, checkpointing) = false;
 };
 
 /// What a built-in model is made for: the per-sample input shape (no batch
