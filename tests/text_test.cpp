@@ -672,6 +672,30 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
   remove_tree(dir);
 }
 
+TEST(TokenTrainer, ALossThatIsNotFiniteIsSaidOnceAsAnImageRunSaysIt) {
+  // The one training loop watches the loss for text too (loss_watch_test.cpp).
+  TextFolder folder("not-finite", {16, 64}, 80, 9);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  std::vector<std::string> said;
+  const TrainSummary s = train_by_tokens(
+      setup.workload, *setup.memory, setup.plan, text,
+      TokenTrainOptions().run(TrainOptions().steps(15).seed(2).clock(&setup.clock)),
+      [&](const TrainEvent& e) {
+        if (e.kind == TrainEvent::Kind::kDivergence) said.push_back(e.message);
+      },
+      [&](int64_t step) {
+        if (step != 3) return;
+        at::NoGradGuard no_grad;
+        for (auto& p : setup.workload.model().parameters()) p.fill_(NAN);
+      });
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("the loss is not finite (nan) by step 10"), std::string::npos) << said[0];
+  ASSERT_TRUE(s.divergence.has_value());
+  EXPECT_EQ(s.divergence->kind, Divergence::Kind::kNotFinite);
+  EXPECT_EQ(s.steps, 15);
+}
+
 /// `edit` applied to the bytes of `path`, written back.
 template <typename Edit>
 void edit_file(const std::string& path, Edit edit) {
