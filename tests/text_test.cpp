@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
@@ -668,6 +669,97 @@ TEST(TokenTrainer, AnInterruptedAdaptRunResumesTheSameStepsScheduleAndWeights) {
             std::string::npos)
       << none;
   EXPECT_EQ(none.find("has 0"), std::string::npos) << none;
+  remove_tree(dir);
+}
+
+TEST(TokenTrainer, ALossThatIsNotFiniteIsSaidOnceAsAnImageRunSaysIt) {
+  // The one training loop watches the loss for text too (loss_watch_test.cpp).
+  TextFolder folder("not-finite", {16, 64}, 80, 9);
+  TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup setup;
+  std::vector<std::string> said;
+  const TrainSummary s = train_by_tokens(
+      setup.workload, *setup.memory, setup.plan, text,
+      TokenTrainOptions().run(TrainOptions().steps(15).seed(2).clock(&setup.clock)),
+      [&](const TrainEvent& e) {
+        if (e.kind == TrainEvent::Kind::kDivergence) said.push_back(e.message);
+      },
+      [&](int64_t step) {
+        if (step != 3) return;
+        at::NoGradGuard no_grad;
+        for (auto& p : setup.workload.model().parameters()) p.fill_(NAN);
+      });
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("the loss is not finite (nan) by step 10"), std::string::npos) << said[0];
+  ASSERT_TRUE(s.divergence.has_value());
+  EXPECT_EQ(s.divergence->kind, Divergence::Kind::kNotFinite);
+  EXPECT_EQ(s.steps, 15);
+}
+
+/// `edit` applied to the bytes of `path`, written back.
+template <typename Edit>
+void edit_file(const std::string& path, Edit edit) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  edit(text);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+TEST(TokenTrainer, TextEditedWithItsParagraphCountKeptIsRefusedOnResumeNamingTheFolder) {
+  // Words replaced, or a paragraph shortened, kept the count the identity
+  // compared: the resume trained on other text without a word.
+  TextFolder folder("edited", {16, 64}, 40, 5);
+  const std::string dir = temp_folder("edited-ckpt");
+  const auto options = [&](TrainOptions r) {
+    return TokenTrainOptions().run(r.checkpoint_dir(dir)).target_tokens(128);
+  };
+  {
+    const TextDataset text(folder.path(), {16, 64});
+    TokenRunSetup first;
+    first.run(text, options(TrainOptions().steps(3)));
+  }
+  const std::string doc = folder.path() + "/doc0.txt";
+  std::string original;
+  edit_file(doc, [&](std::string& t) { original = t; });
+  const auto refused = [&](const std::string& what) {
+    const TextDataset edited(folder.path(), {16, 64});
+    TokenRunSetup second;
+    const std::string message =
+        error_of([&] { second.run(edited, options(TrainOptions().steps(6).resume(true))); });
+    EXPECT_EQ(message.rfind("--resume: ", 0), 0u) << what << ": " << message;
+    EXPECT_NE(message.find("other text than text:" + folder.path() + " holds now (the same 40 "
+                           "paragraphs"),
+              std::string::npos)
+        << what << ": " << message;
+    EXPECT_NE(message.find("give another --checkpoint DIR"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message;
+  };
+  // A word replaced: the same bytes, counts and lengths but one letter.
+  edit_file(doc, [](std::string& t) { t[3] = t[3] == 'q' ? 'r' : 'q'; });
+  refused("a letter replaced");
+  // A paragraph two bytes shorter, still within the range (17 bytes at least).
+  edit_file(doc, [&](std::string& t) {
+    t = original;
+    size_t begin = 0;
+    for (size_t end; (end = t.find("\n\n", begin)) != std::string::npos; begin = end + 2) {
+      if (end - begin >= 19) {
+        t.erase(begin, 2);
+        return;
+      }
+    }
+    FAIL() << "no paragraph of 19 bytes or more in " << doc;
+  });
+  ASSERT_EQ(TextDataset(folder.path(), {16, 64}).size(), 40);
+  refused("a paragraph shortened");
+
+  // The text as it was: the run goes on.
+  edit_file(doc, [&](std::string& t) { t = original; });
+  const TextDataset text(folder.path(), {16, 64});
+  TokenRunSetup third;
+  const TrainSummary resumed = third.run(text, options(TrainOptions().steps(6).resume(true)));
+  EXPECT_EQ(resumed.resumed_from_step, 3);
+  EXPECT_EQ(resumed.steps, 6);
   remove_tree(dir);
 }
 

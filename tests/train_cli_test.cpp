@@ -176,6 +176,19 @@ TEST(TrainCli, ATargetLossStopsAnImageRunAndSaysWhere) {
       << r.output;
 }
 
+TEST(TrainCli, ALossThatIsNotFiniteIsSaidInALineAndTheJsonAndTheRunGoesOn) {
+  // It ended at exit 0 with no word, JSON final_loss null.
+  const auto r = run_cli(std::string("train --batch-size 8 --steps 60 --optimizer sgd --lr 1000") +
+                         kSmall + " --log-every 0 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find("\n{") + 1));
+  EXPECT_EQ(j["divergence"]["kind"], "not_finite") << r.output;
+  EXPECT_EQ(j["steps"], 60) << "it trains on and says so";
+  EXPECT_NE(r.output.find("\nthe loss is not finite ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the lr 1000 is likely too high; lower --lr"), std::string::npos)
+      << r.output;
+}
+
 TEST(TrainCli, WithoutABatchSizeTunesFirstAndSaysWhy) {
   const auto r = batchtune::testing::run_cli(
       "train --model mlp --input 1x8x8 --device cpu --amp off --memory-limit 8MiB --steps 3 "
@@ -198,10 +211,11 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
                           "noise_scale", "complete", "interrupted_by", "skipped_samples",
                           "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale",
                           "tokens_per_s", "target", "steps_to_target", "seconds_to_target",
-                          "samples_to_target"}) {
+                          "samples_to_target", "divergence"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 25U);
+  EXPECT_EQ(json.size(), 26U);
+  EXPECT_TRUE(json["divergence"].is_null()) << "four steps say nothing of the loss";
   EXPECT_TRUE(json["target"].is_null()) << "no target given";
   EXPECT_TRUE(json["steps_to_target"].is_null());
   EXPECT_TRUE(json["tokens_per_s"].is_null()) << "images have no tokens";

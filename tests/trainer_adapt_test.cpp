@@ -3,7 +3,9 @@
 // tested in batch_adapter_test.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -56,6 +58,8 @@ class CountingDataset final : public Dataset {
 /// to grow it.
 struct AdaptRun {
   testing::FakeClock clock{0};
+  /// Called before each step too, with the steps done.
+  std::function<void(int64_t)> before_step;
   std::unique_ptr<DeviceMemory> memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
 
   TrainSummary run(Workload& w, const Dataset& data, TrainOptions options,
@@ -65,7 +69,10 @@ struct AdaptRun {
     Trainer trainer(w, *memory, plan, data, nullptr,
                     options.seed(3).clock(&clock).adapt(true).adapt_options(
                         AdaptOptions().every(5)));
-    trainer.set_before_step([&](int64_t) { clock.advance(1); });
+    trainer.set_before_step([&](int64_t step) {
+      clock.advance(1);
+      if (before_step) before_step(step);
+    });
     if (events != nullptr) trainer.set_callback([&](const TrainEvent& e) { events->push_back(e); });
     return trainer.run();
   }
@@ -337,6 +344,78 @@ TEST(TrainerAdapt, EvalEverySamplesEvaluatesByTheSamplesWhateverTheBatch) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()).rfind("--eval-every-samples:", 0), 0u) << e.what();
   }
+}
+
+TEST(TrainerAdapt, DecidesNoChangeOnALossThatIsNotFinite) {
+  // Its noise scale froze at the last finite measurement, and it went on
+  // deciding on it (JSON final_loss null beside noise_scale 16).
+  const auto train = testing::toy_data({16}, 4096, 4, 2);
+  Workload healthy = mlp();
+  AdaptRun control;
+  const TrainSummary c = control.run(healthy, *train, TrainOptions().epochs(1));
+  ASSERT_GE(c.batch_schedule.size(), 3u) << "a healthy run changes more than once";
+  // Poisoned right after its first change: the noise scale was measured
+  // enough to decide on, and then froze.
+  const int64_t kPoisonedAt = c.batch_schedule[1].step;
+
+  Workload w = mlp();
+  AdaptRun run;
+  run.before_step = [&](int64_t step) {
+    if (step != kPoisonedAt) return;
+    at::NoGradGuard no_grad;
+    for (auto& p : w.model().parameters()) p.fill_(NAN);
+  };
+  std::vector<TrainEvent> events;
+  const TrainSummary s = run.run(w, *train, TrainOptions().epochs(1), &events);
+  for (const BatchChange& change : s.batch_schedule) {
+    EXPECT_LE(change.step, kPoisonedAt) << "a change decided on a loss that is not finite";
+  }
+  int64_t said = 0;
+  for (const auto& e : events) {
+    if (e.kind != TrainEvent::Kind::kDivergence) continue;
+    ++said;
+    EXPECT_NE(e.message.find("--adapt decides no more changes of the batch"), std::string::npos)
+        << e.message;
+    EXPECT_LE(e.step, kPoisonedAt + 5) << "said at the next decision at the latest";
+  }
+  EXPECT_EQ(said, 1);
+  ASSERT_TRUE(s.divergence.has_value());
+  EXPECT_EQ(s.divergence->kind, Divergence::Kind::kNotFinite);
+}
+
+TEST(TrainerAdapt, AResumedRunCountsItsOptimizerStateAndKeptGradientAsTheWholeRunDoes) {
+  // 608.3 KiB live before a resume, 202.8 KiB after: the state loaded from
+  // the checkpoint was made outside the emulated device's count.
+  const auto train = testing::toy_data({16}, 1024, 4, 2);
+  const std::string dir = ::testing::TempDir() + "batchtune_adapt_resume_memory_test";
+  std::remove((dir + "/" + kCheckpointFile).c_str());
+  ::mkdir(dir.c_str(), 0755);
+  auto memory = make_device_memory(c10::Device(c10::kCPU), kMemoryLimit);
+  constexpr int64_t kStop = 6;
+  const int64_t base = memory->live_bytes();
+  // The live bytes after step kStop + 1, over what was live before the run.
+  const auto live_after_next_step = [&](TrainOptions options) {
+    Workload w = mlp();  // Adam: two moments per parameter
+    Plan plan = make_plan(PlanOptions().micro_batch_size(16).base_lr(1e-2).base_batch(16));
+    plan.workers = 0;
+    Trainer trainer(w, *memory, plan, *train, nullptr,
+                    options.seed(3).adapt(true).adapt_options(AdaptOptions().every(5)));
+    int64_t live = -1;
+    trainer.set_before_step([&](int64_t step) {
+      if (step == kStop + 1) live = memory->live_bytes() - base;
+    });
+    trainer.run();
+    EXPECT_TRUE(trainer.training_step().successive().holding()) << "a gradient kept";
+    return live;
+  };
+  const int64_t whole = live_after_next_step(TrainOptions().steps(kStop + 3));
+  live_after_next_step(TrainOptions().steps(kStop).checkpoint_dir(dir));
+  const int64_t resumed =
+      live_after_next_step(TrainOptions().steps(kStop + 3).checkpoint_dir(dir).resume(true));
+  ASSERT_GT(whole, 0);
+  // The same tensors live in both; a few scalars of bookkeeping may differ.
+  EXPECT_NEAR(static_cast<double>(resumed), static_cast<double>(whole), 1024.0)
+      << "whole run " << whole << " bytes, resumed " << resumed;
 }
 
 }  // namespace

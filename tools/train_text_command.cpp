@@ -143,6 +143,7 @@ int run_train_text(const TrainFlags& flags, const CLI::App& cmd, WorkloadFlags w
         } else if (e.kind == TrainEvent::Kind::kOomRecovery ||
                    e.kind == TrainEvent::Kind::kTargetReached ||
                    e.kind == TrainEvent::Kind::kBatchChange ||
+                   e.kind == TrainEvent::Kind::kDivergence ||
                    e.kind == TrainEvent::Kind::kCheckpoint ||
                    e.kind == TrainEvent::Kind::kResumed) {
           out << e.message << "\n";

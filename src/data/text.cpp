@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "batchtune/common/crc32.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
 
@@ -109,6 +110,9 @@ TextDataset::TextDataset(const std::string& dir, LengthRange range) : dir_(dir),
                                   "folder of text files, like text:/usr/share/common-licenses",
                                   range.min, range.max, documents_));
   }
+  // The lengths too: the same bytes cut into other paragraphs are other samples.
+  digest_ = crc32_of(lengths_.data(), lengths_.size() * sizeof(int64_t),
+                     crc32_of(all.data(), all.size()));
   bytes_ = at::empty({static_cast<int64_t>(all.size())}, at::kByte);
   std::memcpy(bytes_.data_ptr(), all.data(), all.size());
 }

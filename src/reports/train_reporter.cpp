@@ -117,6 +117,7 @@ void TrainConsoleReporter::report(const TrainEvent& e) {
     case Kind::kOomRecovery:
     case Kind::kCheckpoint:
     case Kind::kBatchChange:
+    case Kind::kDivergence:
     case Kind::kResumed: out_ << e.message << "\n"; break;
     case Kind::kProgress: break;
   }

@@ -16,7 +16,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "batchtune/common/atomic_file.h"
 #include "batchtune/common/error.h"
@@ -324,7 +326,9 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   remove_stale_checkpoint_files(dir);
-  BudgetAllocator::UncountedScope uncounted;
+  // What is read is host copies, not the device's; what the run keeps of it
+  // (the optimizer's state) is made counted below.
+  std::optional<BudgetAllocator::UncountedScope> uncounted(std::in_place);
   const auto not_ours = [&](const std::string& why) { return not_a_checkpoint(path, why); };
   const auto corrupt = [&](const std::string& what) { return corrupt_checkpoint(path, what); };
   torch::serialize::InputArchive archive;
@@ -443,13 +447,19 @@ std::optional<CheckpointRecord> read_checkpoint(const std::string& dir,
   const at::Tensor scaler = get("scaler", false).to(at::kDouble);
   const at::Tensor generator = get("generator", false);
 
+  // The optimizer's state is the training's memory, as the whole run's was:
+  // made on the parameters' device and counted there (uncounted, a resumed
+  // run had the headroom of a run without it).
+  uncounted.reset();
+  const c10::Device device =
+      params.empty() ? c10::Device(c10::kCPU) : params.front().second.device();
   try {
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(saved_params[i]);
     for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(saved_buffers[i]);
     torch::serialize::InputArchive optimizer;
     optimizer.load_from(static_cast<const char*>(optimizer_bytes.data_ptr()),
-                        static_cast<size_t>(optimizer_bytes.numel()), c10::Device(c10::kCPU));
+                        static_cast<size_t>(optimizer_bytes.numel()), device);
     target.optimizer.load(optimizer);
     target.scaler.load_state(
         {scaler.data_ptr<double>(), scaler.data_ptr<double>() + scaler.numel()});

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "batchtune/common/counts.h"
 #include "batchtune/common/error.h"
@@ -275,6 +276,7 @@ void TokenSteps::save(CheckpointRecord& record) const {
   for (size_t i = next_; i < micro_.size(); ++i) rest.push_back(to_json(micro_[i]));
   record.position.batch_in_epoch = epoch_offset_ + static_cast<int64_t>(next_);
   record.tokens = nlohmann::json{{"target_tokens_given", options_.target_tokens()},
+                                 {"data_crc32", data_.digest()},
                                  {"epoch", epoch_},
                                  {"lr", plan_.lr},
                                  {"tokens", tokens_},
@@ -293,6 +295,22 @@ void TokenSteps::check(const CheckpointRecord& record, const std::string& path) 
                       fmt::format("{} was written by a run on images, not text by a token "
                                   "budget; give another {} DIR to start afresh",
                                   path, mention(Option::kCheckpoint)));
+  }
+  // The text by its content: words edited with the paragraph count kept
+  // (which the identity compares) are another data set. A checkpoint
+  // written before the digest was kept is compared by that count alone.
+  if (record.tokens->contains("data_crc32")) {
+    const auto saved = static_cast<uint32_t>(CheckpointFields(path).count(
+        *record.tokens, "data_crc32", "tokens.data_crc32", 0, int64_t{UINT32_MAX}));
+    if (saved != data_.digest()) {
+      throw OptionError(
+          Option::kResume,
+          fmt::format("{} was written on other text than text:{} holds now (the same {} "
+                      "paragraphs, other bytes: CRC-32 {:08x} then, {:08x} now); resume with "
+                      "the text as it was, or give another {} DIR to start afresh",
+                      path, data_.dir(), lengths_.size(), saved, data_.digest(),
+                      mention(Option::kCheckpoint)));
+    }
   }
   const auto given = record.tokens->find("target_tokens_given");
   if (given != record.tokens->end() && given->is_number_integer() &&

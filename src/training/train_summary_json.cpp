@@ -70,6 +70,11 @@ nlohmann::json to_json(const TrainSummary& s) {
                                           {"value", s.target->value},
                                           {"reached", s.target_reached}}
                          : nlohmann::json();
+  // Null when the loss looked like training (see `LossWatch`).
+  j["divergence"] = s.divergence ? nlohmann::json{{"step", s.divergence->step},
+                                                  {"kind", divergence_kind_name(s.divergence->kind)},
+                                                  {"note", s.divergence->note}}
+                                 : nlohmann::json();
   j["steps_to_target"] = optional_json(s.steps_to_target);
   j["seconds_to_target"] = optional_json(s.seconds_to_target);
   j["samples_to_target"] = optional_json(s.samples_to_target);
@@ -120,6 +125,12 @@ TrainSummary summary_from_json(const nlohmann::json& j) {
     s.steps_to_target = optional_field<int64_t>(j, "steps_to_target");
     s.seconds_to_target = optional_field<double>(j, "seconds_to_target");
     s.samples_to_target = optional_field<int64_t>(j, "samples_to_target");
+  }
+  // Checkpoints written before the loss was watched have none.
+  if (j.contains("divergence") && !j.at("divergence").is_null()) {
+    const nlohmann::json& d = j.at("divergence");
+    s.divergence = Divergence{parse_divergence_kind(d.at("kind").get<std::string>()),
+                              d.at("step").get<int64_t>(), d.at("note").get<std::string>()};
   }
   if (j.contains("batch_schedule")) {
     for (const auto& entry : j.at("batch_schedule")) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/interrupt.h"
@@ -130,6 +131,16 @@ bool Trainer::reached_target_loss(double loss) {
   return true;
 }
 
+void Trainer::watch_loss() {
+  if (watch_steps_ == 0) return;
+  const double sum = watch_loss_sum_.item<double>();
+  watch_loss_sum_ = at::Tensor();
+  const int64_t steps = std::exchange(watch_steps_, 0);
+  if (const auto divergence = loss_watch_->observe(step_, sum, steps)) {
+    emit(TrainEvent::Kind::kDivergence, divergence->note);
+  }
+}
+
 TrainSummary Trainer::run() {
   total_steps_ = planned_steps();
   if (options_.resume()) {
@@ -152,6 +163,8 @@ TrainSummary Trainer::run() {
     start.lr = plan_.lr;
     schedule_.push_back(start);
   }
+  // A resumed run starts mid-way, where a plateau is no fault: finiteness only.
+  loss_watch_.emplace(start_plan_, adapter_.has_value(), /*from_start=*/step_ == 0);
   memory_.reset_peak();
   source_->start(step_, *clock_);
   // A resume's first window times from here, once its first steps settled.
@@ -181,6 +194,9 @@ TrainSummary Trainer::run() {
       window_loss_ = window_loss_.defined() ? window_loss_ + last_loss_tensor_ : last_loss_tensor_;
     }
     ++window_steps_;
+    watch_loss_sum_ =
+        watch_loss_sum_.defined() ? watch_loss_sum_ + last_loss_tensor_ : last_loss_tensor_;
+    ++watch_steps_;
     // No synchronisation per step: the device keeps its queue. The clock is
     // settled (device work waited for) wherever time is read. --target-loss
     // reads each step's loss, a wait that is training time.
@@ -188,6 +204,10 @@ TrainSummary Trainer::run() {
         loss_target_ ? std::optional<double>(last_loss_tensor_.item<double>()) : std::nullopt;
     train_seconds_ += clock_->now_s() - start;
     bool reached = step_loss && reached_target_loss(*step_loss);
+    if (step_ % kLossWatchEvery == 0) {
+      settle_clock();
+      watch_loss();
+    }
     // An --adapt window times its steps once the first after a change settled.
     if (adapter_ && adapter_->settles()) {
       settle_clock();
@@ -249,6 +269,7 @@ TrainSummary Trainer::run() {
     }
   }
   settle_clock();
+  watch_loss();
   const bool complete = finished() || reached_.has_value() || time_limit_reached;
   if (last_loss_tensor_.defined()) last_loss_ = last_loss_tensor_.item<double>();
   // An interrupted run skips the final evaluation: the user asked to stop.

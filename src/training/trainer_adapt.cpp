@@ -20,8 +20,11 @@ double Trainer::lr_at(int64_t step) const {
 bool Trainer::adapt_batch() {
   settle_clock();
   adapter_->end_window(source_->global_batch(), train_seconds_, source_->progress());
+  // Never a decision on a loss that is not finite: its noise scale is
+  // frozen at the last finite measurement.
+  watch_loss();
   std::optional<BatchChange> change;
-  if (data_parallel_.rank() == 0) {
+  if (data_parallel_.rank() == 0 && loss_watch_->finite()) {
     change = adapter_->decide(step_, source_->global_batch(),
                               training_step_.noise_scale().estimator());
   }

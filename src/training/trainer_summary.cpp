@@ -31,6 +31,7 @@ TrainSummary Trainer::summary(bool complete, bool time_limit_reached) {
   s.noise_scale = training_step_.noise_scale().noise_scale();
   source_->summarize(s, train_seconds_);
   s.batch_schedule = schedule_;
+  if (loss_watch_) s.divergence = loss_watch_->divergence();
   s.data_wait_fraction = train_seconds_ > 0 ? data_seconds_ / train_seconds_ : 0;
   if (options_.target_accuracy() || options_.target_loss()) {
     s.target = options_.target_accuracy()

@@ -56,6 +56,11 @@ class TextDataset final : public Dataset {
   void set_pad_to(int64_t length) { pad_to_ = length; }
   /// The shortest and longest sample.
   LengthRange length_range() const;
+  /// The folder read (`text:DIR`'s DIR).
+  const std::string& dir() const { return dir_; }
+  /// CRC-32 of every sample's bytes and then their lengths, in order: what
+  /// the data is, where a count of paragraphs would not tell an edited word.
+  uint32_t digest() const { return digest_; }
 
  private:
   std::string dir_;
@@ -65,6 +70,7 @@ class TextDataset final : public Dataset {
   std::vector<int64_t> lengths_;  // tokens: bytes − 1
   int64_t documents_ = 0;
   int64_t pad_to_ = 0;
+  uint32_t digest_ = 0;
 };
 
 }  // namespace batchtune

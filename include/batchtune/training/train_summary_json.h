@@ -18,7 +18,9 @@ namespace batchtune {
 /// tokens), `noise_scale`, `complete`, `interrupted_by` (null when
 /// complete), `data_wait_fraction`; `target` (`{metric, value, reached}`,
 /// null without one) and `steps_to_target`, `seconds_to_target`,
-/// `samples_to_target` (null unless the target was reached). Only where
+/// `samples_to_target` (null unless the target was reached), `divergence`
+/// (`{step, kind, note}`, kind `not_finite` or `flat`; null when the loss
+/// looked like training, see `LossWatch`). Only where
 /// they apply: `tokens` (a run with tokens), the token-budget fields
 /// (`padded_tokens`, `padding_share`, `token_budget`, `target_tokens`,
 /// `micro_batches` and their per-step shares), `batch_schedule` (`--adapt`),

@@ -17,6 +17,7 @@
 #include "batchtune/training/batch_adapter.h"
 #include "batchtune/training/step_source.h"
 #include "batchtune/training/loss_target.h"
+#include "batchtune/training/loss_watch.h"
 
 namespace batchtune {
 
@@ -111,6 +112,9 @@ struct TrainEvent {
     kCheckpoint,   ///< a checkpoint was written; `message` names it
     kResumed,      ///< the run continues from a checkpoint (or, with none yet, starts afresh)
     kBatchChange,  ///< `--adapt` changed the global batch; `message` says why
+    /// The loss is not finite, or flat from the start (see `LossWatch`):
+    /// `message` says so and names the likely cause; once per kind.
+    kDivergence,
   };
   Kind kind = Kind::kProgress;
   int64_t step = 0;         ///< optimizer steps done
@@ -198,6 +202,9 @@ struct TrainSummary {
   /// `--adapt`: the global batch and lr over the run, one entry per change
   /// (the first the start); empty without `--adapt`. JSON `batch_schedule`.
   std::vector<BatchChange> batch_schedule;
+  /// The loss not finite, or flat from the start (see `LossWatch`): the
+  /// latest said; nullopt when the loss looked like training. JSON `divergence`.
+  std::optional<Divergence> divergence;
 };
 
 /// File name of the checkpoint inside `--checkpoint DIR`.
@@ -312,6 +319,9 @@ class Trainer {
   void apply_change(BatchChange change);
   /// `--adapt`'s state, as checkpoints keep it (adapt_checkpoint.h).
   AdaptCheckpoint adapt_checkpoint();
+  /// Hands the losses summed since the last call to the watch (a wait for
+  /// the device), and says a divergence it sees.
+  void watch_loss();
   /// The optimizer steps the run takes in all, at the global batch as it
   /// stands; nullopt where only the end tells (text).
   std::optional<int64_t> planned_steps() const;
@@ -358,6 +368,11 @@ class Trainer {
   at::Tensor last_loss_tensor_;
   at::Tensor window_loss_;   // sum of logical-batch losses since the last log
   int64_t window_steps_ = 0;
+  /// The loss not finite or flat: built as the run starts (a resume judges
+  /// finiteness only); fed the steps' losses summed on the device.
+  std::optional<LossWatch> loss_watch_;
+  at::Tensor watch_loss_sum_;
+  int64_t watch_steps_ = 0;
   // Timing of this run.
   double train_seconds_ = 0;
   double data_seconds_ = 0;
