@@ -398,12 +398,15 @@ TEST(Tune, TheTimeBudgetHoldsForTheWholeRunPrecisionIncluded) {
   double phases = 0;
   for (const auto& [phase, seconds] : r.phase_seconds) phases += seconds;
   EXPECT_NEAR(phases, clock.now_s(), 1e-6) << "the phases account for the whole run";
-  // Every sweep row carries its interval.
+  // Every sweep row carries the interval of its median, and its estimate
+  // (the fastest step) is at least the median's speed.
   ASSERT_FALSE(r.sweep.empty());
   for (const auto& row : r.sweep) {
     EXPECT_GT(row.samples_per_s_ci.n, 0) << row.batch_size;
-    EXPECT_LE(row.samples_per_s_ci.low, row.samples_per_s);
-    EXPECT_GE(row.samples_per_s_ci.high, row.samples_per_s);
+    const double median_speed = 1e3 * static_cast<double>(row.batch_size) / row.step_ms;
+    EXPECT_LE(row.samples_per_s_ci.low, median_speed * (1 + 1e-12)) << row.batch_size;
+    EXPECT_GE(row.samples_per_s_ci.high, median_speed * (1 - 1e-12)) << row.batch_size;
+    EXPECT_GE(row.samples_per_s, median_speed * (1 - 1e-12)) << row.batch_size;
   }
   const nlohmann::json json = to_json(r);
   EXPECT_TRUE(json.at("phase_seconds").contains("precision"));
@@ -430,9 +433,6 @@ TEST(Tune, ASearchAfterAnOverrunPrecisionPhaseStillRunsAndTheOverrunIsSaid) {
   EXPECT_FALSE(r.budget_note.empty());
 }
 
-TEST(Tune, ABudgetTooShortForEvenTheShortestTrialsSaysSo) {
-  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
-  testing::FakeClock clock;
 /// Records each phase's opening line.
 class PhaseLines final : public TuneReporter {
  public:
@@ -493,6 +493,9 @@ TEST(Tune, APrecisionPhaseKeepsToItsShareAndSaysAFirstRoundThatOutlastsIt) {
   }
 }
 
+TEST(Tune, ABudgetTooShortForEvenTheShortestTrialsSaysSo) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  testing::FakeClock clock;
   TimedSubject slow(clock, AmpMode::kOff, 2000, 0);  // two seconds a step
   TrialRunner runner(slow, *memory, 0.1);
   const TuneResult r = tune(runner, TuneOptions().time_budget_s(3).clock(&clock));
