@@ -227,6 +227,79 @@ TEST(Sweep, ReMeasuresTheContendersInterleavedAndPoolsTheirSteps) {
   EXPECT_LE(clock.now_s(), options.deadline_s * 1.05);
 }
 
+/// A trial on a fake clock whose steps a burst of load slows: a step that
+/// starts before `burst_until_s` takes `burst_factor` times its time.
+struct BurstTrial {
+  batchtune::testing::FakeClock& clock;
+  std::function<double(int64_t)> ms;
+  double burst_until_s = 0;
+  double burst_factor = 3;
+
+  double step_s(int64_t batch) const {
+    return ms(batch) / 1e3 * (clock.now_s() < burst_until_s ? burst_factor : 1);
+  }
+  TrialResult operator()(const TrialOptions& o) {
+    const double start = clock.now_s();
+    TrialResult t;
+    t.batch_size = o.batch_size();
+    t.fits = true;
+    for (int64_t i = 0; i < o.warmup_steps(); ++i) clock.advance(step_s(o.batch_size()));
+    double timed = 0;
+    while (true) {
+      const auto n = static_cast<int64_t>(t.step_seconds.size());
+      const double s = step_s(o.batch_size());
+      if (n >= 1 && clock.now_s() - start + s > o.max_time_s()) break;
+      if (n >= o.steps() && timed >= o.min_time_s()) break;
+      clock.advance(s);
+      timed += s;
+      t.step_seconds.push_back(s);
+      t.wait_seconds.push_back(0);
+    }
+    t.steps_run = o.warmup_steps() + static_cast<int64_t>(t.step_seconds.size());
+    summarize_steps(t);
+    return t;
+  }
+};
+
+// Rows timed one after another let a burst of load hit some and not others:
+// every row noisy, and a plan of micro-batch 1 x 64 at "630 samples/s".
+TEST(Sweep, ABurstOfLoadLandsOnARoundOfEverySizeNotOnOneRow) {
+  // 64 runs at 0.9 ms a sample, 32 at 1 ms: 64 is the faster. A burst slows
+  // every step that starts in the first 1.3 s threefold.
+  const auto ms = [](int64_t b) { return static_cast<double>(b) * (b == 64 ? 0.9 : 1.0); };
+  {
+    // One after another, a calibrated trial each as the sweep timed them:
+    // the burst covers all of 64's steps, and the choice flips to 32.
+    batchtune::testing::FakeClock clock;
+    BurstTrial burst{clock, ms, 1.3};
+    std::vector<SweepRow> rows;
+    for (int64_t b : {64, 32}) {
+      rows.push_back(sweep_row(burst(TrialOptions()
+                                         .batch_size(b)
+                                         .steps(kSweepTimedSteps)
+                                         .warmup_steps(kSweepWarmupSteps)
+                                         .min_time_s(kSweepMinTimedSeconds))));
+    }
+    ASSERT_EQ(select_batch(rows, Objective::kThroughput).batch_size, 32)
+        << "the premise: timed one after another, the burst flips the choice";
+  }
+  // Interleaved, each row's fastest step: a round of each size escapes the
+  // burst, and 64 is chosen at its true speed.
+  batchtune::testing::FakeClock clock;
+  BurstTrial burst{clock, ms, 1.3};
+  SweepOptions options;
+  options.clock = &clock;
+  options.deadline_s = 60;
+  options.objective = Objective::kGoodput;  // no re-measurement: the rounds alone
+  const SweepOutcome r = run_sweep(std::ref(burst), {64, 32}, {}, options);
+  ASSERT_EQ(r.rows.size(), 2U);
+  EXPECT_EQ(select_batch(r.rows, Objective::kThroughput).batch_size, 64);
+  EXPECT_NEAR(r.rows[1].samples_per_s, 64 / (64 * 0.9e-3), 1e-6) << "64 at its unloaded speed";
+  EXPECT_NEAR(r.rows[0].samples_per_s, 1000, 1e-6);
+  // The interval stays the median's: the steps the burst slowed widen it.
+  EXPECT_LT(r.rows[1].samples_per_s_ci.low, r.rows[1].samples_per_s);
+}
+
 TEST(Sweep, ReusesSearchTrialsTimedWellEnough) {
   TrialResult searched;
   searched.batch_size = 8;
@@ -234,9 +307,9 @@ TEST(Sweep, ReusesSearchTrialsTimedWellEnough) {
   searched.step_seconds = std::vector<double>(kSweepTimedSteps, 0.01);
   searched.step_ms_spread = 0;
   searched.samples_per_s = 800;
-  int calls = 0;
+  std::vector<int64_t> asked;
   const auto trial = [&](const TrialOptions& o) {
-    ++calls;
+    asked.push_back(o.batch_size());
     TrialResult t;
     t.batch_size = o.batch_size();
     t.fits = true;
@@ -245,7 +318,8 @@ TEST(Sweep, ReusesSearchTrialsTimedWellEnough) {
   };
   searched.step_ms_ci = estimate_median(std::vector<double>(kSweepTimedSteps, 10.0));
   const auto r = run_sweep(trial, {4, 8}, {searched}, SweepOptions{});
-  EXPECT_EQ(calls, 1);
+  // 8 is not timed again: only 4, once a round.
+  EXPECT_EQ(asked, std::vector<int64_t>(kSweepRounds, 4));
   ASSERT_EQ(r.rows.size(), 2U);
   EXPECT_DOUBLE_EQ(r.rows[1].samples_per_s, 800);
 }

@@ -208,13 +208,14 @@ TEST(TrainCli, TrainsWithAccumulationAndWritesTheSummaryJson) {
   for (const char* key : {"steps", "samples", "epochs", "final_loss", "test_accuracy",
                           "oom_recoveries", "micro_batch_size", "accumulation_steps",
                           "global_batch_size", "world_size", "seconds", "samples_per_s",
-                          "noise_scale", "complete", "interrupted_by", "skipped_samples",
+                          "noise_scale", "noise_scale_note", "complete", "interrupted_by",
+                          "skipped_samples",
                           "data_wait_fraction", "input_bound", "skipped_steps", "loss_scale",
                           "tokens_per_s", "target", "steps_to_target", "seconds_to_target",
                           "samples_to_target", "divergence"}) {
     EXPECT_TRUE(json.contains(key)) << key;
   }
-  EXPECT_EQ(json.size(), 26U);
+  EXPECT_EQ(json.size(), 27U);
   EXPECT_TRUE(json["divergence"].is_null()) << "four steps say nothing of the loss";
   EXPECT_TRUE(json["target"].is_null()) << "no target given";
   EXPECT_TRUE(json["steps_to_target"].is_null());

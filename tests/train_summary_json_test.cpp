@@ -75,6 +75,17 @@ TEST(TrainSummaryJson, AFreshRunWritesOnlyWhatApplies) {
   EXPECT_EQ(to_json(summary_from_json(j)), j);
 }
 
+TEST(TrainSummaryJson, AnUnresolvedNoiseScaleIsNullBesideItsNote) {
+  TrainSummary s;
+  s.steps = 3;
+  s.noise_scale_note = "noise scale unresolved: after 3 measurements ...";
+  const nlohmann::json j = to_json(s);
+  EXPECT_TRUE(j["noise_scale"].is_null());
+  EXPECT_EQ(j["noise_scale_note"], s.noise_scale_note);
+  EXPECT_EQ(to_json(summary_from_json(j)), j);
+  EXPECT_TRUE(to_json(token_run_summary())["noise_scale_note"].is_null()) << "measured: no note";
+}
+
 TEST(TrainSummaryJson, ReadsTheSummaryOfAnEarlierCheckpoint) {
   // As checkpoints stored it before the report's writer was theirs too.
   const nlohmann::json old = {

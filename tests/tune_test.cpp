@@ -398,12 +398,15 @@ TEST(Tune, TheTimeBudgetHoldsForTheWholeRunPrecisionIncluded) {
   double phases = 0;
   for (const auto& [phase, seconds] : r.phase_seconds) phases += seconds;
   EXPECT_NEAR(phases, clock.now_s(), 1e-6) << "the phases account for the whole run";
-  // Every sweep row carries its interval.
+  // Every sweep row carries the interval of its median, and its estimate
+  // (the fastest step) is at least the median's speed.
   ASSERT_FALSE(r.sweep.empty());
   for (const auto& row : r.sweep) {
     EXPECT_GT(row.samples_per_s_ci.n, 0) << row.batch_size;
-    EXPECT_LE(row.samples_per_s_ci.low, row.samples_per_s);
-    EXPECT_GE(row.samples_per_s_ci.high, row.samples_per_s);
+    const double median_speed = 1e3 * static_cast<double>(row.batch_size) / row.step_ms;
+    EXPECT_LE(row.samples_per_s_ci.low, median_speed * (1 + 1e-12)) << row.batch_size;
+    EXPECT_GE(row.samples_per_s_ci.high, median_speed * (1 - 1e-12)) << row.batch_size;
+    EXPECT_GE(row.samples_per_s, median_speed * (1 - 1e-12)) << row.batch_size;
   }
   const nlohmann::json json = to_json(r);
   EXPECT_TRUE(json.at("phase_seconds").contains("precision"));
@@ -428,6 +431,66 @@ TEST(Tune, ASearchAfterAnOverrunPrecisionPhaseStillRunsAndTheOverrunIsSaid) {
   EXPECT_GT(r.phase_seconds.front().second, (kPrecisionBudgetShare + kSearchBudgetShare) * 20);
   EXPECT_GE(r.search.max_batch_size, 1) << r.search.stop_reason;
   EXPECT_FALSE(r.budget_note.empty());
+}
+
+/// Records each phase's opening line.
+class PhaseLines final : public TuneReporter {
+ public:
+  void phase_started(TunePhase phase, const std::string& line) override { lines[phase] = line; }
+  std::map<TunePhase, std::string> lines;
+};
+
+// From Python, amp="auto" with time_budget=20 on a GPT-2: the precision
+// phase said "(at most 2 s)" and took about 11 s, and the search got
+// "(at most 1 s)".
+TEST(Tune, APrecisionPhaseKeepsToItsShareAndSaysAFirstRoundThatOutlastsIt) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 64 * kMiB);
+  const auto precision_seconds = [](const TuneResult& r) {
+    EXPECT_EQ(r.phase_seconds.front().first, TunePhase::kPrecision);
+    return r.phase_seconds.front().second;
+  };
+  {
+    // Steps of 0.3 s: a round (a warm-up and a timed step of each precision)
+    // takes 1.2 s, so a second would end past the 2 s share: not started.
+    testing::FakeClock clock;
+    TimedSubject fp32(clock, AmpMode::kOff, 300, 0);
+    TimedSubject bf16(clock, AmpMode::kBf16, 300, 0);
+    TrialRunner fp32_runner(fp32, *memory, 0.1);
+    TrialRunner bf16_runner(bf16, *memory, 0.1);
+    const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
+      return amp == AmpMode::kBf16 ? bf16_runner : fp32_runner;
+    };
+    const TuneResult r = tune(runner_at, *memory,
+                              TuneOptions().time_budget_s(20).clock(&clock).search_only(true));
+    EXPECT_LE(precision_seconds(r), kPrecisionBudgetShare * 20) << r.amp_reason;
+    EXPECT_NE(r.amp_reason.find("share of the time budget ran out"), std::string::npos)
+        << r.amp_reason;
+    EXPECT_EQ(r.amp_reason.find("past the precision's share"), std::string::npos) << r.amp_reason;
+  }
+  {
+    // Steps of 1 s: the first round alone takes 4 s of a 2 s share. It runs,
+    // is said with its overrun, and no second round starts; the search
+    // still gets its own share of the total.
+    testing::FakeClock clock;
+    TimedSubject fp32(clock, AmpMode::kOff, 1000, 0);
+    TimedSubject bf16(clock, AmpMode::kBf16, 1000, 0);
+    TrialRunner fp32_runner(fp32, *memory, 0.1);
+    TrialRunner bf16_runner(bf16, *memory, 0.1);
+    const RunnerAt runner_at = [&](AmpMode amp) -> TrialRunner& {
+      return amp == AmpMode::kBf16 ? bf16_runner : fp32_runner;
+    };
+    PhaseLines lines;
+    const TuneResult r =
+        tune(runner_at, *memory, TuneOptions().time_budget_s(20).clock(&clock), &lines);
+    EXPECT_NEAR(precision_seconds(r), 4, 1e-9)
+        << "one round, a warm-up and a timed step of each: " << r.amp_reason;
+    EXPECT_NE(r.amp_reason.find("its first round alone took 4.0 s, 2.0 s past the precision's "
+                                "share of the time budget"),
+              std::string::npos)
+        << r.amp_reason;
+    EXPECT_NE(lines.lines[TunePhase::kSearch].find("at most 6 s"), std::string::npos)
+        << lines.lines[TunePhase::kSearch];
+  }
 }
 
 TEST(Tune, ABudgetTooShortForEvenTheShortestTrialsSaysSo) {

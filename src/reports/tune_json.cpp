@@ -138,6 +138,7 @@ nlohmann::json to_json(const TuneResult& report) {
     out["noise_scale_run"] = {{"data", report.noise_data},
                               {"small_batch", n.small_batch},
                               {"big_batch", n.big_batch},
+                              {"micro_batches_tried", n.micro_batches_tried},
                               {"steps", n.steps},
                               {"measurements", n.measurements},
                               {"seconds", n.seconds},

@@ -75,7 +75,9 @@ void ConsoleTuneReporter::phase_finished(TunePhase phase, const TuneResult& resu
                    *n.noise_scale, n.gradient_sq_norm.value_or(0), n.trace_covariance.value_or(0),
                    n.measurements, n.small_batch, n.big_batch, n.seconds);
       } else if (result.noise) {
-        fmt::print(out_, "noise scale not measured: {}\n", result.noise->note);
+        // An unresolved estimate's note says so itself, with its figures.
+        fmt::print(out_, "{}{}\n", result.noise->unresolved() ? "" : "noise scale not measured: ",
+                   result.noise->note);
       }
       print_goodput(out_, result);
       break;

@@ -7,6 +7,7 @@
 
 #include "batchtune/common/error.h"
 #include "batchtune/common/estimate.h"
+#include "batchtune/common/interleaved_rounds.h"
 #include "batchtune/common/interrupt.h"
 #include "batchtune/common/option.h"
 #include "batchtune/memory/device_memory.h"
@@ -166,52 +167,77 @@ AmpChoice measure_cpu_amp(TrialRunner& fp32_runner, TrialRunner& bf16_runner,
   const Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
   int64_t batch = std::max<int64_t>(1, options.max_batch);
   std::vector<double> speedups;
-  const auto run = [&](TrialRunner& runner, AmpMode mode, int64_t rounds_left) {
+  const auto run = [&](TrialRunner& runner, AmpMode mode, double slice) {
     if (options.before_trial) options.before_trial(mode, batch);
-    const double slice = (options.deadline_s - clock.now_s()) / static_cast<double>(2 * rounds_left);
     TrialResult t = runner.run(TrialOptions()
                                    .batch_size(batch)
                                    .steps(kAmpRoundSteps)
                                    .warmup_steps(kAmpRoundWarmupSteps)
                                    .max_warmup_steps(kAmpRoundMaxWarmupSteps)
                                    .min_time_s(kAmpRoundMinSeconds)
-                                   .max_time_s(std::max(0.0, slice)));
+                                   .max_time_s(slice));
     if (options.after_trial) options.after_trial(t);
     return t;
   };
-  int64_t trials = 0;
-  while (static_cast<int64_t>(speedups.size()) < kAmpMaxRounds) {
-    if (trials++ > 0 && clock.now_s() >= options.deadline_s) break;
-    // Ctrl-C or SIGTERM: the caller stops after this phase (see interrupt.h).
-    if (interrupt_requested()) break;
-    if (static_cast<int64_t>(speedups.size()) >= kAmpMinRounds) {
-      const AmpChoice decided = choose_cpu_amp(speedups, batch);
-      if (decided.confidence) return decided;
+  RoundsOptions rounds_options;
+  rounds_options.clock = &clock;
+  rounds_options.deadline_s = options.deadline_s;
+  rounds_options.min_rounds = kAmpMinRounds;
+  rounds_options.max_rounds = kAmpMaxRounds;
+  RoundsOutcome rounds;
+  std::optional<RoundsOutcome> first;  // the first batch's rounds: its first round's overrun
+  while (true) {
+    TrialResult fp32;
+    bool fitted = true;
+    speedups.clear();
+    rounds = run_interleaved_rounds(
+        2,
+        [&](size_t which, double slice) {
+          if (which == 0) {
+            fp32 = run(fp32_runner, AmpMode::kOff, slice);
+            fitted = fp32.fits;
+          } else {
+            const TrialResult bf16 = run(bf16_runner, AmpMode::kBf16, slice);
+            fitted = bf16.fits;
+            if (fitted) speedups.push_back(fp32.step_ms / bf16.step_ms);
+          }
+          return fitted ? RoundTrial::kKeep : RoundTrial::kStop;
+        },
+        [&] {
+          // Ctrl-C or SIGTERM: the caller stops after this phase (see interrupt.h).
+          return interrupt_requested() ||
+                 (static_cast<int64_t>(speedups.size()) >= kAmpMinRounds &&
+                  choose_cpu_amp(speedups, batch).confidence.has_value());
+        },
+        rounds_options);
+    if (!first) first = rounds;
+    if (fitted) break;
+    // The largest batch both fit is smaller: start again there, time allowing.
+    if (batch > 1 && clock.now_s() < options.deadline_s && !interrupt_requested()) {
+      batch /= 2;
+      continue;
     }
-    const int64_t rounds_left =
-        std::max<int64_t>(1, kAmpMinRounds - static_cast<int64_t>(speedups.size()));
-    const TrialResult fp32 = run(fp32_runner, AmpMode::kOff, rounds_left);
-    const TrialResult bf16 = fp32.fits ? run(bf16_runner, AmpMode::kBf16, rounds_left) : fp32;
-    if (!fp32.fits || !bf16.fits) {
-      if (batch > 1) {  // the largest batch both fit is smaller: start again there
-        batch /= 2;
-        speedups.clear();
-        continue;
-      }
-      if (!fp32.fits) {
-        return {AmpMode::kOff,
-                "amp off: the fp32 step at batch 1 did not fit, so bf16 could not be compared",
-                1.0};
-      }
-      return choose_cpu_amp({}, batch, /*bf16_fits=*/false);
+    if (batch > 1) {
+      speedups.clear();
+      break;
     }
-    speedups.push_back(fp32.step_ms / bf16.step_ms);
+    if (!fp32.fits) {
+      return {AmpMode::kOff,
+              "amp off: the fp32 step at batch 1 did not fit, so bf16 could not be compared",
+              1.0};
+    }
+    return choose_cpu_amp({}, batch, /*bf16_fits=*/false);
   }
   AmpChoice choice = choose_cpu_amp(speedups, batch);
   if (interrupt_requested() && !choice.confidence) {
     choice.reason += "; stopped by " + interrupt_name() + " before it could tell";
-  } else if (!choice.confidence && clock.now_s() >= options.deadline_s) {
+  } else if (!choice.confidence && (rounds.out_of_time || clock.now_s() >= options.deadline_s)) {
     choice.reason += "; the precision's share of the time budget ran out";
+  }
+  if (first && first->overrun_s > 0) {
+    choice.reason += fmt::format("; its first round alone took {:.1f} s, {:.1f} s past the "
+                                 "precision's share of the time budget",
+                                 first->first_round_s, first->overrun_s);
   }
   return choice;
 }

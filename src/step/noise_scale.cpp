@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -91,6 +92,29 @@ std::optional<double> NoiseScaleEstimator::noise_scale() const {
   if (measurements_ == 0 || !(ema_gradient_sq_ > 0)) return std::nullopt;
   // The bias corrections of the two averages are the same factor: it cancels.
   return ema_trace_ / ema_gradient_sq_;
+}
+
+NoiseScaleReading read_noise_scale(const NoiseScaleEstimator& estimator) {
+  NoiseScaleReading r;
+  r.measurements = estimator.measurements();
+  if (r.measurements == 0) {
+    r.note = "no measurement was made";
+    return r;
+  }
+  const double gradient_sq = estimator.gradient_sq_norm().value_or(0);
+  const double trace = estimator.trace_covariance().value_or(0);
+  if (gradient_sq > 0 && trace > 0) {
+    r.noise_scale = trace / gradient_sq;
+    return r;
+  }
+  // Either estimate is a difference of noisy norms: under load, at a small
+  // batch or early in a run it can stay at or below 0 on real labels.
+  r.note = fmt::format(
+      "noise scale unresolved: after {} measurements the smoothed |G|² is {:.3g} and "
+      "tr(Σ) {:.3g}, not both positive, so the gradient could not be told from its "
+      "noise; a larger batch or a longer run would resolve it",
+      r.measurements, gradient_sq, trace);
+  return r;
 }
 
 double statistical_efficiency(double noise_scale, double base_batch, double batch) {

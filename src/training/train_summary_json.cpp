@@ -39,6 +39,8 @@ nlohmann::json to_json(const TrainSummary& s) {
       {"samples_per_s", s.samples_per_s},
       {"tokens_per_s", s.tokens > 0 ? nlohmann::json(s.tokens_per_s) : nlohmann::json(nullptr)},
       {"noise_scale", optional_json(s.noise_scale)},
+      {"noise_scale_note", s.noise_scale_note.empty() ? nlohmann::json()
+                                                      : nlohmann::json(s.noise_scale_note)},
       {"complete", s.complete},
       {"interrupted_by", s.interrupted_by.empty() ? nlohmann::json() : nlohmann::json(s.interrupted_by)},
       {"data_wait_fraction", s.data_wait_fraction},
@@ -110,6 +112,7 @@ TrainSummary summary_from_json(const nlohmann::json& j) {
   s.target_tokens = optional_field<int64_t>(j, "target_tokens").value_or(0);
   s.micro_batches = optional_field<int64_t>(j, "micro_batches").value_or(0);
   s.noise_scale = optional_field<double>(j, "noise_scale");
+  s.noise_scale_note = optional_field<std::string>(j, "noise_scale_note").value_or("");
   s.complete = j.at("complete").get<bool>();
   s.interrupted_by = optional_field<std::string>(j, "interrupted_by").value_or("");
   s.data_wait_fraction = optional_field<double>(j, "data_wait_fraction").value_or(0);

@@ -58,7 +58,7 @@ void Trainer::emit(TrainEvent::Kind kind, const std::string& message) {
     e.loss = last_loss_tensor_.item<double>();
   }
   if (kind == TrainEvent::Kind::kLog) {
-    e.noise_scale = training_step_.noise_scale().noise_scale();
+    e.noise_scale = read_noise_scale(training_step_.noise_scale().estimator()).noise_scale;
     source_->describe(e, train_seconds_);
   }
   if (kind == TrainEvent::Kind::kBatchChange) {

@@ -28,7 +28,9 @@ TrainSummary Trainer::summary(bool complete, bool time_limit_reached) {
   if (!complete) {
     s.interrupted_by = interrupt_requested() ? interrupt_name() : "another rank's signal";
   }
-  s.noise_scale = training_step_.noise_scale().noise_scale();
+  const NoiseScaleReading noise = read_noise_scale(training_step_.noise_scale().estimator());
+  s.noise_scale = noise.noise_scale;
+  s.noise_scale_note = noise.note;
   source_->summarize(s, train_seconds_);
   s.batch_schedule = schedule_;
   if (loss_watch_) s.divergence = loss_watch_->divergence();

@@ -2,11 +2,13 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "batchtune/common/clock.h"
 #include "batchtune/common/error.h"
 #include "batchtune/common/option.h"
 #include "batchtune/common/interrupt.h"
@@ -39,6 +41,7 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
   NoiseScaleMeasurement out;
   out.small_batch = micro;
   out.big_batch = global;
+  out.micro_batches_tried = {micro};
 
   auto& optimizer = workload.optimizer();
   std::vector<double> lrs;
@@ -52,8 +55,10 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
     if (clock != nullptr) trainer.set_clock(*clock);
     const TrainSummary summary = trainer.run();
     out.steps = summary.steps;
-    out.noise_scale = summary.noise_scale;
     const NoiseScaleEstimator& estimator = trainer.noise_scale().estimator();
+    const NoiseScaleReading reading = read_noise_scale(estimator);
+    out.noise_scale = reading.noise_scale;
+    out.note = reading.note;
     out.measurements = estimator.measurements();
     out.gradient_sq_norm = estimator.gradient_sq_norm();
     out.trace_covariance = estimator.trace_covariance();
@@ -64,15 +69,52 @@ NoiseScaleMeasurement measure_noise_scale(Workload& workload, DeviceMemory& memo
   memory.release_cached();
   // A run a signal stopped is no measurement: the caller marks its run incomplete.
   throw_if_interrupted();
-  if (!out.noise_scale) {
-    out.note = out.measurements == 0
-                   ? "no measurement was made"
-                   : fmt::format("the smoothed |G|² after {} measurements is not positive "
-                                 "({:.3g}): the gradient is indistinguishable from its noise "
-                                 "(random labels?), so the noise scale is unbounded",
-                                 out.measurements, out.gradient_sq_norm.value_or(0));
-  }
   return out;
+}
+
+NoiseScaleMeasurement measure_noise_until_resolved(const NoiseRun& run, int64_t micro_batch,
+                                                   int64_t max_micro_batch, double deadline_s,
+                                                   const Clock& clock) {
+  TORCH_CHECK(micro_batch >= 1, "measure_noise_until_resolved: need a micro-batch");
+  std::vector<int64_t> tried;
+  double seconds = 0;
+  NoiseScaleMeasurement m;
+  int64_t micro = micro_batch;
+  // Why the last unresolved run was not followed by one at a larger batch.
+  std::string stopped_because;
+  while (true) {
+    const double start = clock.now_s();
+    m = run(micro, std::max(deadline_s - start, 1e-9));
+    const double run_s = clock.now_s() - start;
+    seconds += m.seconds;
+    tried.push_back(m.small_batch);
+    if (m.noise_scale || m.measurements == 0) break;
+    // The run measures at less than asked where the data is small.
+    if (m.small_batch < micro) {
+      stopped_because =
+          fmt::format("the data allows no larger micro-batch than {}", m.small_batch);
+      break;
+    }
+    if (m.small_batch >= max_micro_batch) {
+      stopped_because = fmt::format("{} is the largest micro-batch that fits", m.small_batch);
+      break;
+    }
+    const double left = deadline_s - clock.now_s();
+    if (left < kNoiseRunMinExpectedShare * kNoiseRunGrowth * run_s) {
+      stopped_because = fmt::format("{:.1f} s of the noise run's share left, too little for a "
+                                    "run at {} times the batch",
+                                    std::max(0.0, left), kNoiseRunGrowth);
+      break;
+    }
+    micro = std::min(micro * kNoiseRunGrowth, max_micro_batch);
+  }
+  if (!stopped_because.empty()) {
+    m.note += fmt::format(" (measured at micro-batch {}; {})", fmt::join(tried, ", "),
+                          stopped_because);
+  }
+  m.micro_batches_tried = std::move(tried);
+  m.seconds = seconds;
+  return m;
 }
 
 }  // namespace batchtune

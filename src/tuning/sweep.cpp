@@ -8,6 +8,7 @@
 #include <map>
 
 #include "batchtune/common/error.h"
+#include "batchtune/common/interleaved_rounds.h"
 #include "batchtune/common/option.h"
 
 namespace batchtune {
@@ -45,8 +46,15 @@ SweepRow sweep_row(const TrialResult& trial) {
   SweepRow row;
   row.batch_size = trial.batch_size;
   row.amp = trial.amp;
-  row.samples_per_s = trial.samples_per_s;
-  row.tokens_per_s = trial.tokens_per_s;
+  // The row's speed is its fastest step (Chen & Revels 2016): other
+  // processes only ever slow a step down, so the minimum is the figure load
+  // cannot inflate, where a median moves with a burst that covers half the
+  // steps. The interval and spread stay the median's: how steady the row was.
+  const auto fastest = std::min_element(trial.step_seconds.begin(), trial.step_seconds.end());
+  row.samples_per_s = fastest != trial.step_seconds.end() && *fastest > 0
+                          ? static_cast<double>(trial.batch_size) / *fastest
+                          : trial.samples_per_s;
+  row.tokens_per_s = row.samples_per_s * static_cast<double>(trial.sequence_length);
   row.step_ms = trial.step_ms;
   row.samples_per_s_ci = trial.samples_per_s_ci;
   row.step_ms_ci = trial.step_ms_ci;
@@ -249,80 +257,114 @@ Diagnosis diagnose(const std::vector<SweepRow>& rows, const Selection& chosen, d
                       pick.batch_size, 100 * pick.busy)};
 }
 
+namespace {
+
+/// Adds `more`'s timed steps to `pooled`'s and summarizes them again.
+void pool_steps(TrialResult& pooled, const TrialResult& more) {
+  pooled.step_seconds.insert(pooled.step_seconds.end(), more.step_seconds.begin(),
+                             more.step_seconds.end());
+  pooled.wait_seconds.insert(pooled.wait_seconds.end(), more.wait_seconds.begin(),
+                             more.wait_seconds.end());
+  pooled.steps_run += more.steps_run;
+  pooled.warmup_steps_run += more.warmup_steps_run;
+  pooled.peak_bytes = std::max(pooled.peak_bytes, more.peak_bytes);
+  summarize_steps(pooled);
+  pooled.noise_cause = more.noisy ? more.noise_cause : pooled.noise_cause;
+}
+
+}  // namespace
+
 SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
                        const std::vector<int64_t>& grid,
                        const std::vector<TrialResult>& search_trials,
                        const SweepOptions& options) {
   const Clock& clock = options.clock != nullptr ? *options.clock : steady_clock();
   const auto seconds_left = [&] { return options.deadline_s - clock.now_s(); };
-  const auto calibrated = [](int64_t batch, double slice_s) {
+  // A trial of one round: its share of the row's calibration, so that the
+  // rounds together time at least `kSweepTimedSteps` steps and
+  // `kSweepMinTimedSeconds` a row.
+  const auto calibrated = [](int64_t batch, double slice_s, int64_t rounds) {
     return TrialOptions()
         .batch_size(batch)
-        .steps(kSweepTimedSteps)
+        .steps((kSweepTimedSteps + rounds - 1) / rounds)
         .warmup_steps(kSweepWarmupSteps)
         .max_warmup_steps(kSweepMaxWarmupSteps)
-        .min_time_s(kSweepMinTimedSeconds)
-        .max_time_s(slice_s);
+        .min_time_s(kSweepMinTimedSeconds / static_cast<double>(rounds))
+        .max_time_s(std::max(slice_s, 0.0));
   };
   SweepOutcome outcome;
   std::map<int64_t, TrialResult> timed;  // by batch size, steps pooled
-  for (size_t i = 0; i < grid.size(); ++i) {
-    const int64_t batch = grid[i];
+  std::vector<int64_t> to_time;          // in the grid's order
+  for (int64_t batch : grid) {
     const auto reused = std::find_if(search_trials.begin(), search_trials.end(), [&](const auto& t) {
       return t.batch_size == batch && timed_well_enough(t);
     });
     if (reused != search_trials.end()) {
       timed[batch] = *reused;
-      continue;
+    } else {
+      to_time.push_back(batch);
     }
-    const double left = seconds_left();
-    const double slice =
-        left * (1 - kSweepRemeasureShare) / static_cast<double>(grid.size() - i);
-    if (!timed.empty() && (left <= 0 || slice < kSweepMinSliceSeconds)) {
-      outcome.sizes_left_out = static_cast<int64_t>(grid.size() - i);
-      break;
-    }
-    TrialResult result = trial(calibrated(batch, std::max(slice, 0.0)));
-    if (result.fits) timed[batch] = std::move(result);
   }
+  // The sizes in interleaved rounds: a burst of load falls on every size
+  // alike, where rows timed one after another let it hit some and not
+  // others. A size whose first slice is too short once another row is
+  // timed is left out (the grid's order puts the small sizes last).
+  RoundsOptions rounds;
+  rounds.clock = &clock;
+  rounds.deadline_s = clock.now_s() + std::max(0.0, seconds_left()) * (1 - kSweepRemeasureShare);
+  rounds.min_rounds = rounds.max_rounds = kSweepRounds;
+  run_interleaved_rounds(
+      to_time.size(),
+      [&](size_t i, double slice) {
+        const int64_t batch = to_time[i];
+        const bool first = timed.count(batch) == 0;
+        if (!timed.empty() && slice < kSweepMinSliceSeconds) {
+          if (first) ++outcome.sizes_left_out;
+          return RoundTrial::kDrop;
+        }
+        TrialResult result = trial(calibrated(batch, slice, kSweepRounds));
+        if (!result.fits) return RoundTrial::kDrop;
+        if (first) {
+          timed[batch] = std::move(result);
+        } else {
+          pool_steps(timed[batch], result);
+        }
+        return RoundTrial::kKeep;
+      },
+      {}, rounds);
   const auto rows_of = [&] {
     std::vector<SweepRow> rows;
-    for (const auto& [batch, t] : timed) {
-      SweepRow row = sweep_row(t);
-      rows.push_back(row);
-    }
+    for (const auto& [batch, t] : timed) rows.push_back(sweep_row(t));
     return rows;
   };
-  // The choice's contenders again, interleaved (one trial each per round, so
-  // that a burst of load falls on all of them), until they are told apart.
+  // The choice's contenders again, one interleaved round at a time, until
+  // they are told apart, their steps pooled with the rounds' before.
   while (options.objective == Objective::kThroughput && !timed.empty() &&
          outcome.remeasure_rounds < kSweepMaxRemeasureRounds) {
-    const Selection s = select_batch(rows_of(), Objective::kThroughput, options.tolerance);
+    const std::vector<SweepRow> rows = rows_of();
+    const Selection s = select_batch(rows, Objective::kThroughput, options.tolerance);
     if (s.confidence) break;
     std::vector<int64_t> again = s.contenders;
     again.push_back(s.batch_size);
-    const auto best = std::max_element(timed.begin(), timed.end(), [](const auto& a, const auto& b) {
-      return a.second.samples_per_s < b.second.samples_per_s;
+    const auto best = std::max_element(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return a.samples_per_s < b.samples_per_s;
     });
-    again.push_back(best->first);
+    again.push_back(best->batch_size);
     std::sort(again.begin(), again.end());
     again.erase(std::unique(again.begin(), again.end()), again.end());
-    const double slice = seconds_left() / static_cast<double>(again.size());
-    if (slice < kSweepMinSliceSeconds) break;
+    if (seconds_left() / static_cast<double>(again.size()) < kSweepMinSliceSeconds) break;
     ++outcome.remeasure_rounds;
-    for (int64_t batch : again) {
-      const TrialResult more = trial(calibrated(batch, seconds_left() / static_cast<double>(again.size())));
-      if (!more.fits) continue;
-      TrialResult& pooled = timed[batch];
-      pooled.step_seconds.insert(pooled.step_seconds.end(), more.step_seconds.begin(),
-                                 more.step_seconds.end());
-      pooled.wait_seconds.insert(pooled.wait_seconds.end(), more.wait_seconds.begin(),
-                                 more.wait_seconds.end());
-      pooled.steps_run += more.steps_run;
-      pooled.peak_bytes = std::max(pooled.peak_bytes, more.peak_bytes);
-      summarize_steps(pooled);
-      pooled.noise_cause = more.noisy ? more.noise_cause : pooled.noise_cause;
-    }
+    RoundsOptions one_round;
+    one_round.clock = &clock;
+    one_round.deadline_s = options.deadline_s;
+    run_interleaved_rounds(
+        again.size(),
+        [&](size_t i, double slice) {
+          const TrialResult more = trial(calibrated(again[i], slice, 1));
+          if (more.fits) pool_steps(timed[again[i]], more);
+          return RoundTrial::kKeep;
+        },
+        {}, one_round);
   }
   outcome.rows = rows_of();
   return outcome;

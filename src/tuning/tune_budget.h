@@ -40,13 +40,20 @@ class Budget {
   Budget(const Clock& clock, double total_s) : clock_(clock), total_s_(total_s) {
     start_s_ = clock_.now_s();
   }
-  /// Seconds phase `share` may spend from now.
+  /// Seconds phase `share` may spend from now: the phases so far were
+  /// granted their shares of the total, this one's included, and it gets
+  /// what they left; but never less than its own share, so that a phase
+  /// before it that ran over (a first round that alone outlasted its share)
+  /// does not starve it: the overrun is carried to the run's end and said.
   double begin_phase(double share) {
     phase_start_s_ = clock_.now_s();
     granted_s_ += share * total_s_;
-    return std::max(0.0, start_s_ + granted_s_ - phase_start_s_);
+    const double seconds =
+        std::max(share * total_s_, start_s_ + granted_s_ - phase_start_s_);
+    phase_deadline_s_ = phase_start_s_ + seconds;
+    return seconds;
   }
-  bool phase_over() const { return clock_.now_s() >= start_s_ + granted_s_; }
+  bool phase_over() const { return clock_.now_s() >= phase_deadline_s_; }
   double phase_seconds() const { return clock_.now_s() - phase_start_s_; }
   double elapsed_s() const { return clock_.now_s() - start_s_; }
 
@@ -55,6 +62,7 @@ class Budget {
   double total_s_;
   double start_s_ = 0;
   double phase_start_s_ = 0;
+  double phase_deadline_s_ = 0;
   double granted_s_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "batchtune/common/clock.h"
 #include "batchtune/common/option.h"
 #include "batchtune/data/dataset.h"
 
@@ -58,9 +59,16 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, TuneSubjec
       std::min(std::max(result.selection.batch_size, std::min(kNoiseRunMinMicroBatch, largest)),
                kNoiseRunMaxMicroBatch);
   const double lr = options.plan().base_lr.value_or(subject.default_lr());
-  // The run stops at its share of the budget, as the phase line promises.
-  result.noise = subject.measure_noise(memory, data, micro, lr, options.noise_steps(),
-                                       options.seed(), std::max(seconds, 1e-9), options.clock());
+  // The runs stop at the noise run's share of the budget, as the phase line
+  // promises; an unresolved estimate is measured again at a larger batch
+  // within it.
+  const Clock& clock = options.clock() != nullptr ? *options.clock() : steady_clock();
+  result.noise = measure_noise_until_resolved(
+      [&](int64_t micro_batch, double seconds_left) {
+        return subject.measure_noise(memory, data, micro_batch, lr, options.noise_steps(),
+                                     options.seed(), seconds_left, options.clock());
+      },
+      micro, largest, clock.now_s() + std::max(seconds, 1e-9), clock);
   result.noise_data = data.describe();
   // B0: the batch the lr belongs to, as the plan scales it; else the
   // smallest measured.
@@ -75,8 +83,9 @@ int64_t apply_goodput(TuneResult& result, const TuneOptions& options, TuneSubjec
   result.selection = {choice.chosen.micro_batch_size,
                       noise.noise_scale
                           ? choice.reason
-                          : "goodput: noise scale unbounded (" + noise.note +
-                                "), so every batch is equally efficient; " + choice.reason,
+                          : "goodput: " + noise.note +
+                                "; without it every batch counts as equally efficient; " +
+                                choice.reason,
                       rows_confidence(result.sweep), /*contenders=*/{}};
   return choice.chosen.global_batch_size;
 }

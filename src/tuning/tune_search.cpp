@@ -20,9 +20,6 @@ namespace {
 // must be counted) and one timed step.
 constexpr int64_t kSearchWarmupSteps = 1;
 constexpr int64_t kSearchTimedSteps = 1;
-/// A search that starts after its share is spent still gets this share of
-/// it (a few trials).
-constexpr double kLateSearchShare = 0.1;
 
 /// Bad input, not a result: the workload does not fit at all. Says how much
 /// the smallest batch tried needed.
@@ -44,15 +41,13 @@ std::string no_fit_message(const SearchResult& search, const DeviceMemory& memor
 
 void TunePipeline::search() {
   SearchOptions search = options_.search();
-  // Never nothing, even when the precision phase overran its share on a
-  // loaded machine: what fits is the answer a tune cannot go without (the
-  // overrun is then said in `budget_note`).
-  // Under --search-only the search is the whole run: it gets all the
+  // Its whole share, even when the precision phase overran its own on a
+  // loaded machine (see `Budget::begin_phase`; the overrun is then said in
+  // `budget_note`). Under --search-only the search is the whole run: it gets all the
   // precision phase left, not the share it has beside the later phases.
   const double share =
       options_.search_only() ? 1.0 - kPrecisionBudgetShare : kSearchBudgetShare;
-  const double seconds = std::max(budget_.begin_phase(share),
-                                  kLateSearchShare * share * options_.time_budget_s());
+  const double seconds = budget_.begin_phase(share);
   search.time_budget_s(seconds);
   // No micro-batch larger than the training data.
   const Dataset* data = options_.data();

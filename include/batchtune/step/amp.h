@@ -86,8 +86,11 @@ struct AmpChoice {
 struct AmpMeasureOptions {
   /// The largest batch compared (halved while either precision does not fit).
   int64_t max_batch = kAmpProbeMaxBatch;
-  /// Null for the steady clock; no round starts past `deadline_s` (the
-  /// first always runs), and each trial gets its slice of what is left.
+  /// Null for the steady clock. The rounds are sized to `deadline_s` (see
+  /// `run_interleaved_rounds`): the first always runs, a later one only
+  /// when the longest so far would end by it, each trial gets its slice of
+  /// what is left, and a first round that alone outlasts it is said in the
+  /// reason, with by how much.
   const Clock* clock = nullptr;
   double deadline_s = std::numeric_limits<double>::infinity();
   /// Called before every trial with its precision and batch (a reporter, a

@@ -81,9 +81,11 @@ class NoiseScaleEstimator {
   /// (an fp16 overflow) are ignored.
   void add(double small_batch, double small_sq_norm, double big_batch, double big_sq_norm);
 
-  /// B_simple, in samples; nullopt before the first measurement, or while
-  /// the smoothed |G|² is not positive (no signal distinguishable from the
-  /// noise yet, so the noise scale is unbounded).
+  /// The raw ratio of the smoothed estimates, in samples; nullopt before
+  /// the first measurement, or while the smoothed |G|² is not positive. It
+  /// is negative while the tr(Σ) estimate is: `BatchAdapter` reads that as
+  /// no measurable noise. What a run reports goes through
+  /// `read_noise_scale`, which says such an estimate is unresolved.
   std::optional<double> noise_scale() const;
   /// The smoothed estimates themselves; nullopt before the first measurement.
   std::optional<double> gradient_sq_norm() const;
@@ -106,6 +108,30 @@ class NoiseScaleEstimator {
   std::vector<std::pair<double, double>> window_;
   int64_t measurements_ = 0;
 };
+
+/// What a run reports of the noise scale: the one rule for every path (a
+/// tune's noise run, training's log lines and summary, images and text).
+struct NoiseScaleReading {
+  /// B_simple where the smoothed |G|² and tr(Σ) are both positive; else
+  /// nullopt: unresolved, or not measured.
+  std::optional<double> noise_scale;
+  int64_t measurements = 0;
+  /// Empty when measured; else why not, in a sentence ("no measurement was
+  /// made", or the unresolved estimate with its figures and what would
+  /// resolve it).
+  std::string note;
+  /// Measured, but the signal could not be told from its noise.
+  bool unresolved() const { return !noise_scale && measurements > 0; }
+};
+
+/// Reads `estimator` by that rule.
+///
+/// Example:
+/// ```
+///   const batchtune::NoiseScaleReading r = batchtune::read_noise_scale(noise);
+///   std::cout << (r.noise_scale ? std::to_string(*r.noise_scale) : r.note);
+/// ```
+NoiseScaleReading read_noise_scale(const NoiseScaleEstimator& estimator);
 
 /// Statistical efficiency of global batch `batch` relative to the base batch
 /// `base_batch` (Pollux, OSDI 2021): E(B) = (B_noise + B0) / (B_noise + B),

@@ -184,6 +184,9 @@ struct TrainSummary {
   bool complete = true;
   std::string interrupted_by;      ///< "SIGINT" or "SIGTERM"; empty when complete
   std::optional<double> noise_scale;  ///< B_simple at the end; nullopt when not measured
+  /// Why `noise_scale` is missing (see `read_noise_scale`): not measured,
+  /// or unresolved; empty when it is a number.
+  std::string noise_scale_note;
   /// True when `--resume` found the run already finished: nothing was
   /// trained, and this is the summary its last checkpoint saved.
   bool already_finished = false;

@@ -16,11 +16,12 @@
 
 namespace batchtune {
 
-/// A sweep trial is calibrated (see `TrialOptions`): at least
-/// `kSweepTimedSteps` timed steps after `kSweepWarmupSteps` untimed ones,
-/// more warm-up (up to `kSweepMaxWarmupSteps`) while the step time still
-/// falls, and timed steps until they fill `kSweepMinTimedSeconds` — within
-/// the row's slice of the sweep's time.
+/// A sweep row is timed in `kSweepRounds` interleaved rounds, a calibrated
+/// trial each (see `TrialOptions`): together at least `kSweepTimedSteps`
+/// timed steps, each trial after `kSweepWarmupSteps` untimed ones (more, up
+/// to `kSweepMaxWarmupSteps`, while the step time still falls), and timed
+/// steps until the rounds fill `kSweepMinTimedSeconds` — within the trial's
+/// slice of the sweep's time.
 constexpr int64_t kSweepTimedSteps = 5;
 constexpr int64_t kSweepWarmupSteps = 1;
 constexpr int64_t kSweepMaxWarmupSteps = 10;
@@ -28,6 +29,11 @@ constexpr int64_t kSweepMaxWarmupSteps = 10;
 /// machines shorter timings differed by 10-40 % from run to run
 /// (bench/sweep_quality).
 constexpr double kSweepMinTimedSeconds = 1.0;
+/// Rounds over the sweep's sizes: load that comes and goes in bursts lands
+/// on a round of every size rather than on all of one size's steps (rows
+/// timed one after another took a plan of micro-batch 1 x 64 from a burst);
+/// three, so that a burst that spans one round leaves two for the fastest step.
+constexpr int64_t kSweepRounds = 3;
 /// Share of the sweep's time kept for re-measuring the rows the choice
 /// cannot yet tell apart (see `run_sweep`).
 constexpr double kSweepRemeasureShare = 0.3;
@@ -46,7 +52,10 @@ constexpr double kInputBoundWait = 0.05;
 struct SweepRow {
   int64_t batch_size = 0;
   AmpMode amp = AmpMode::kOff;      ///< the precision it was timed at
-  double samples_per_s = 0;         ///< median
+  /// The row's speed: batch size over its fastest timed step, the figure
+  /// load cannot inflate (see `sweep_row`); `samples_per_s_ci` and
+  /// `step_ms` stay the median's.
+  double samples_per_s = 0;
   double samples_per_s_spread = 0;  ///< interquartile range / median
   /// Sequences: samples/s × tokens per sample (0 where the input is no sequence).
   double tokens_per_s = 0;
@@ -81,7 +90,9 @@ constexpr int64_t kTargetDivisors = 3;
 /// micro-batch knows what it costs; then the rest of `sweep_grid`.
 std::vector<int64_t> sweep_order(int64_t max_batch, int64_t target_per_process = 0);
 
-/// A sweep row from a trial that fitted.
+/// A sweep row from a trial that fitted: its speed from the fastest timed
+/// step (Chen & Revels, "Robust benchmarking in noisy environments", 2016:
+/// load only ever adds time), its interval and spread the median's.
 SweepRow sweep_row(const TrialResult& trial);
 
 /// Training FLOPs per sample: about 3x the forward pass (the backward pass
@@ -166,12 +177,14 @@ struct SweepOutcome {
   int64_t remeasure_rounds = 0;
 };
 
-/// Runs the sweep: a calibrated trial per grid size (in the grid's order),
+/// Runs the sweep: `kSweepRounds` interleaved rounds over the grid's sizes
+/// (each round in the grid's order, see `run_interleaved_rounds`), a trial
 /// each within its slice of what is left until the deadline (less
-/// `kSweepRemeasureShare`), reusing search trials that were timed well
-/// enough; then, while the choice is inconclusive and time is left, the
-/// contenders again, interleaved, their steps pooled with the first
-/// timing's. `trial` runs one trial with the given options.
+/// `kSweepRemeasureShare`), their steps pooled by size, reusing search
+/// trials that were timed well enough; then, while the choice is
+/// inconclusive and time is left, the contenders again, one interleaved
+/// round at a time, pooled the same way. `trial` runs one trial with the
+/// given options.
 SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& trial,
                        const std::vector<int64_t>& grid,
                        const std::vector<TrialResult>& search_trials = {},
