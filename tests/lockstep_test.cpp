@@ -47,16 +47,23 @@ class CountingSubject final : public TrialSubject {
  public:
   explicit CountingSubject(int oom_at = 0) : oom_at_(oom_at) {}
   std::string describe() const override { return "counting"; }
-  void save() override {}
+  void save() override {
+    if (save_fails) throw std::runtime_error("the snapshot failed");
+  }
   void prepare(int64_t) override {}
   at::Tensor step() override {
     ++steps;
     TORCH_CHECK_WITH(OutOfMemoryError, steps != oom_at_, "out of memory at step ", steps);
     return at::ones({});
   }
-  void restore() override { ++restores; }
+  void restore() override {
+    ++restores;
+    if (restore_fails) throw std::runtime_error("putting back failed");
+  }
   int steps = 0;
   int restores = 0;
+  bool save_fails = false;
+  bool restore_fails = false;
 
  private:
   int oom_at_;
@@ -85,7 +92,7 @@ TEST(Lockstep, WarmUpGoesOnWhileAnyRankWantsAndTimedStepsWhileAllDo) {
   EXPECT_EQ(r.warmup_steps_run, 3);
   EXPECT_EQ(r.step_seconds.size(), 2u);
   // A meeting before every step and after the last, then the result.
-  EXPECT_EQ(ranks.sent.size(), peer.size() + 2);  // + the result, + its step times
+  EXPECT_EQ(ranks.sent.size(), peer.size() + 3);  // + a meeting, the result, its step times
   EXPECT_EQ(ranks.sent[3], wants(false));  // we wanted no second warm-up step
 }
 
@@ -100,8 +107,9 @@ TEST(Lockstep, APeersOutOfMemoryEndsTheTrialHereAsOneAndIsNotSentBack) {
   EXPECT_EQ(r.error, "another rank ran out of memory at batch 4");
   EXPECT_EQ(subject.steps, 1);  // the warm-up step; the peer failed in its own
   EXPECT_EQ(subject.restores, 1);
-  ASSERT_EQ(ranks.sent.size(), 4u);  // three meetings, then the result (no failure sent)
-  EXPECT_EQ(ranks.sent[3].size(), 7u);
+  ASSERT_EQ(ranks.sent.size(), 5u);  // three meetings, then the result's (no failure sent)
+  EXPECT_EQ(ranks.sent[3], wants(false));
+  EXPECT_EQ(ranks.sent[4].size(), 7u);
 }
 
 TEST(Lockstep, AnOutOfMemoryHereIsSentOnceInsteadOfTheNextMeeting) {
@@ -111,10 +119,10 @@ TEST(Lockstep, AnOutOfMemoryHereIsSentOnceInsteadOfTheNextMeeting) {
   EXPECT_FALSE(r.fits);
   EXPECT_EQ(r.failure, TrialFailure::kOutOfMemory);
   // Meetings before step 1, after it (warm-up done) and before step 2, the
-  // failure in place of the one after step 2, then the result.
-  ASSERT_EQ(ranks.sent.size(), 5u);
+  // failure in place of the one after step 2, then the result's.
+  ASSERT_EQ(ranks.sent.size(), 6u);
   EXPECT_EQ(ranks.sent[3], kPeerOutOfMemory);
-  EXPECT_EQ(ranks.sent[4].size(), 7u);
+  EXPECT_EQ(ranks.sent[5].size(), 7u);
 }
 
 TEST(Lockstep, APeersErrorStopsThisRankWithAnErrorAndTheSubjectPutBack) {
@@ -159,7 +167,8 @@ TEST(Lockstep, TheRanksTakeOneResultFitsEverywherePeakLargestStepsSlowest) {
   r.step_seconds = {0.1, 0.3};
   r.wait_seconds = {0.0, 0.1};
   ScriptedPeer ranks([](size_t call, const std::vector<double>& ours) {
-    if (call == 0) {  // over its budget, a larger peak, a smaller device, as many steps
+    if (call == 0) return ours;  // the meeting before it: no error anywhere
+    if (call == 1) {  // over its budget, a larger peak, a smaller device, as many steps
       return std::vector<double>{1, static_cast<double>(TrialFailure::kOverBudget), 150, -800,
                                  -720, 2, -2};
     }
@@ -175,6 +184,80 @@ TEST(Lockstep, TheRanksTakeOneResultFitsEverywherePeakLargestStepsSlowest) {
   EXPECT_EQ(r.usable_bytes, 720);
   EXPECT_EQ(r.step_seconds, (std::vector<double>{0.2, 0.3}));
   EXPECT_EQ(r.wait_seconds, (std::vector<double>{0.05, 0.1}));
+}
+
+TEST(Lockstep, AnErrorTakingTheSnapshotIsSentBeforeTheFirstMeeting) {
+  ScriptedPeer ranks;
+  CountingSubject subject;
+  subject.save_fails = true;
+  EXPECT_THROW(trial_in_lockstep(ranks, subject), std::runtime_error);
+  // The peer, at the trial's first meeting, learns of it there.
+  ASSERT_EQ(ranks.sent.size(), 1u);
+  EXPECT_EQ(ranks.sent[0], kPeerError);
+  EXPECT_EQ(subject.steps, 0);
+}
+
+TEST(Lockstep, AnErrorPuttingTheSubjectBackIsSentBeforeTheResult) {
+  ScriptedPeer ranks;
+  CountingSubject subject;
+  subject.restore_fails = true;
+  EXPECT_THROW(trial_in_lockstep(ranks, subject), std::runtime_error);
+  // The trial's six meetings (it fitted), then the error where the peer
+  // meets before taking the result; no result sent.
+  ASSERT_EQ(ranks.sent.size(), 7u);
+  EXPECT_EQ(ranks.sent[6], kPeerError);
+}
+
+TEST(Lockstep, APeersErrorBetweenTrialsStopsThisRankWhereItAgreesTheResult) {
+  // The peer put its subject back and failed: its error meets our
+  // meeting before the result.
+  ScriptedPeer ranks([](size_t call, const std::vector<double>& ours) {
+    return call == 6 ? kPeerError : ours;
+  });
+  CountingSubject subject;
+  try {
+    trial_in_lockstep(ranks, subject);
+    FAIL() << "a peer's error must stop this rank";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "another rank stopped with an error (its own output says which)");
+  }
+  EXPECT_EQ(subject.restores, 1);
+  EXPECT_EQ(ranks.sent.size(), 7u);  // nothing sent after it
+}
+
+TEST(Lockstep, AnErrorIsSentOnceForTheTuneEvenAfterAnAgreedOutOfMemory) {
+  ScriptedPeer ranks([](size_t call, const std::vector<double>& ours) {
+    return call == 0 ? kPeerOutOfMemory : ours;
+  });
+  Lockstep lockstep(ranks);
+  lockstep.begin_trial(8);
+  EXPECT_FALSE(lockstep.check_peers());  // the peer ran out of memory: agreed
+  lockstep.fail(/*error=*/false);        // not sent back
+  EXPECT_EQ(ranks.sent.size(), 1u);
+  // Then this rank stops with an error before the next trial: sent, once.
+  lockstep.fail(/*error=*/true);
+  lockstep.fail(/*error=*/true);
+  ASSERT_EQ(ranks.sent.size(), 2u);
+  EXPECT_EQ(ranks.sent[1], kPeerError);
+  EXPECT_TRUE(lockstep.error_agreed());
+}
+
+TEST(Lockstep, BetweenTrialsAMeetingPassesWhenNoRankFailedAndThrowsAPeersError) {
+  ScriptedPeer ranks([](size_t call, const std::vector<double>& ours) {
+    return call == 1 ? kPeerError : ours;
+  });
+  Lockstep lockstep(ranks);
+  EXPECT_NO_THROW(lockstep.check_between_trials());
+  try {
+    lockstep.check_between_trials();
+    FAIL() << "a peer's error must stop this rank";
+  } catch (const PeerFailure& e) {
+    EXPECT_FALSE(e.out_of_memory);
+    EXPECT_STREQ(e.what(), "another rank stopped with an error (its own output says which)");
+  }
+  lockstep.fail(/*error=*/true);  // learned from the peer: not sent back
+  EXPECT_EQ(ranks.sent.size(), 2u);
 }
 
 }  // namespace

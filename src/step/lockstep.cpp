@@ -36,6 +36,7 @@ std::pair<bool, bool> Lockstep::meet(bool wanted, bool out_of_memory, bool error
   if (m[2] > 0 || m[3] > 0) {
     failure_agreed_ = true;
     if (m[3] > 0) {
+      error_agreed_ = true;
       throw PeerFailure(fmt::format("batch {}: another rank stopped with an error (its own "
                                     "output says which)",
                                     batch_size_),
@@ -62,8 +63,17 @@ bool Lockstep::check_peers() {
   }
 }
 
+void Lockstep::check_between_trials() {
+  try {
+    meet(false, false, false);
+  } catch (const PeerFailure& e) {
+    if (e.out_of_memory) throw;  // none is sent between trials; kept as it came
+    throw PeerFailure("another rank stopped with an error (its own output says which)", false);
+  }
+}
+
 void Lockstep::fail(bool error) {
-  if (failure_agreed_) return;
+  if (error ? error_agreed_ : failure_agreed_) return;
   try {
     meet(false, !error, error);
   } catch (const PeerFailure&) {
@@ -72,6 +82,7 @@ void Lockstep::fail(bool error) {
 }
 
 void Lockstep::agree(TrialResult& r) {
+  check_between_trials();
   const auto steps = static_cast<double>(r.step_seconds.size());
   const std::vector<double> m = ranks_.max_over_ranks(
       {r.fits ? 0.0 : 1.0, static_cast<double>(static_cast<int>(r.failure)),
@@ -97,6 +108,9 @@ void Lockstep::agree(TrialResult& r) {
   }
 }
 
-double Lockstep::agree_seconds(double seconds) { return ranks_.max_over_ranks({seconds})[0]; }
+double Lockstep::agree_seconds(double seconds) {
+  check_between_trials();
+  return ranks_.max_over_ranks({seconds})[0];
+}
 
 }  // namespace batchtune

@@ -169,21 +169,35 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
   result.usable_bytes = memory_.usable_bytes();
   result.margin = margin_;
 
-  subject.set_sequence_length(options.sequence_length());
-  result.sequence_length = subject.sequence_length();
-  subject.save();
+  if (lockstep_ != nullptr) lockstep_->begin_trial(options.batch_size());
+  // An error before the steps (the subject's snapshot) or while putting it
+  // back: the peers learn it at their next meeting, then it goes on up.
+  const auto telling_peers = [&](const auto& work) {
+    try {
+      work();
+    } catch (...) {
+      if (lockstep_ != nullptr) lockstep_->fail(/*error=*/true);
+      throw;
+    }
+  };
+  telling_peers([&] {
+    subject.set_sequence_length(options.sequence_length());
+    result.sequence_length = subject.sequence_length();
+    subject.save();
+  });
   memory_.release_cached();
   memory_.reset_peak();
   // Whatever happens, the subject is put back and the memory released.
   const auto put_back = [&] {
-    subject.restore();
-    memory_.release_cached();
+    telling_peers([&] {
+      subject.restore();
+      memory_.release_cached();
+    });
   };
   const int64_t ooms_before = memory_.oom_count();
   const Clock& clock = *clock_;
   const double trial_start = clock.now_s();
   CpuTimes load_before;
-  if (lockstep_ != nullptr) lockstep_->begin_trial(options.batch_size());
   // In lockstep, whether another step runs is the ranks' decision: warm-up
   // while any rank wants one, timed steps while all do.
   const auto agreed = [&](bool wanted, bool any) {
@@ -337,7 +351,13 @@ TrialResult TrialRunner::run(const TrialOptions& options) {
                                                  kCudaFragmentationReserve * 100)
                                    : std::string());
   }
-  if (lockstep_ != nullptr) lockstep_->agree(result);
+  if (lockstep_ != nullptr) {
+    try {
+      lockstep_->agree(result);
+    } catch (const PeerFailure& e) {
+      throw Error(e.what());  // a peer's error after its trial: this rank stops too
+    }
+  }
   summarize_steps(result);
   if (result.noisy) result.noise_cause = machine_load_cause(load_before, read_cpu_times());
   return result;

@@ -90,14 +90,22 @@ TuneResult TunePipeline::run() {
       plan();
     }
   } catch (const Stopped& stopped) {
+    tell_peers_of_an_error();
     keep_partial_results(r, searched_, swept_, options_.search().strategy(), stopped.why);
   } catch (const Interrupted&) {
     // A signal inside a phase that polls it itself (the noise run, loader
     // tuning, a trial of a subject that polls): named as the stop request
     // names it (Python's KeyboardInterrupt), else as the signal.
+    tell_peers_of_an_error();
     std::optional<std::string> why = options_.stop() ? options_.stop()() : std::nullopt;
     keep_partial_results(r, searched_, swept_, options_.search().strategy(),
                          why.value_or(interrupt_name()));
+  } catch (const PeerFailure& peer) {
+    // Learned between trials: this rank stops as its peer did.
+    throw Error(peer.what());
+  } catch (...) {
+    tell_peers_of_an_error();
+    throw;
   }
   if (r.workload.empty()) r.workload = subject_.runner(AmpMode::kOff).subject().describe();
   // The usable memory the trials were judged against: a runner made during
@@ -131,6 +139,19 @@ int64_t TunePipeline::planned_world_size() const {
   // plans for the world size it was asked for.
   const DataParallel* dp = options_.data_parallel();
   return dp != nullptr && dp->distributed() ? dp->world_size() : options_.plan().world_size;
+}
+
+DataParallel* TunePipeline::group() {
+  DataParallel* dp = options_.data_parallel();
+  if (dp == nullptr || !dp->distributed()) return nullptr;
+  if (lockstep_ != nullptr) lockstep_->check_between_trials();
+  return dp;
+}
+
+void TunePipeline::tell_peers_of_an_error() {
+  // Once, and not when the error was a peer's: each peer then stops at its
+  // next meeting instead of waiting for this rank in a collective.
+  if (lockstep_ != nullptr) lockstep_->fail(/*error=*/true);
 }
 
 void TunePipeline::check_stop() {

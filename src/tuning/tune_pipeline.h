@@ -55,6 +55,12 @@ class TunePipeline {
   int64_t planned_world_size() const;
   /// Throws (caught in `run`) when the stop request says so.
   void check_stop();
+  /// The group for a collective between trials (null for one process); in
+  /// lockstep the ranks meet first (see `Lockstep::check_between_trials`).
+  DataParallel* group();
+  /// In lockstep, this rank stopped (an error, a stop request, a signal)
+  /// and tells its peers, once; else nothing.
+  void tell_peers_of_an_error();
   /// The runner at `amp`, timing its steps on the tune's clock, its trials
   /// in lockstep where the ranks' steps communicate.
   TrialRunner& runner_at(AmpMode amp);

@@ -60,7 +60,7 @@ void TunePipeline::plan() {
   // target exactly): the selection stays this rank's choice unless the
   // job's agreement gives another plan.
   const int64_t planned_micro = plan.micro_batch_size;
-  if (options_.data_parallel() != nullptr) plan = options_.data_parallel()->agree_plan(plan);
+  if (DataParallel* dp = group()) plan = dp->agree_plan(plan);
   if (plan.micro_batch_size != planned_micro) {
     // Data parallel: every rank swept its own device; the job trains rank 0's choice.
     r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",

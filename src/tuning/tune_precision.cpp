@@ -54,8 +54,7 @@ void TunePipeline::precision() {
     };
     choice = measure_cpu_amp(runner_at(AmpMode::kOff), runner_at(AmpMode::kBf16), measure);
   }
-  DataParallel* data_parallel = options_.data_parallel();
-  if (data_parallel != nullptr && data_parallel->distributed()) {
+  if (DataParallel* data_parallel = group()) {
     // Rank 0's precision for every rank: one job trains at one precision.
     const auto rank0 = static_cast<AmpMode>(data_parallel->min(
         data_parallel->rank() == 0 ? static_cast<int64_t>(choice.mode) : INT64_MAX));

@@ -70,13 +70,13 @@ void TunePipeline::search() {
         searched_.push_back(t);
         reporter_.trial_finished(TunePhase::kSearch, t, index);
       });
-  if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
+  if (DataParallel* dp = group()) {
     // The job's largest micro-batch is the smallest rank's: each rank
     // searched alone (no collective inside a trial, so an out-of-memory
     // never leaves a rank waiting), and the minimum counts every one.
     own_max_batch_ = found.max_batch_size;
     result_.rank_max_batch_size = own_max_batch_;
-    found.max_batch_size = options_.data_parallel()->min(found.max_batch_size);
+    found.max_batch_size = dp->min(found.max_batch_size);
   }
   // Not even batch 1 fitting is bad input, not a result: said before any table.
   if (found.max_batch_size < 1 && !found.trials.empty()) {
@@ -148,9 +148,7 @@ void TunePipeline::evaluation() {
       [&](const TrialResult& t, size_t index) {
         reporter_.trial_finished(TunePhase::kEval, t, index);
       });
-  if (options_.data_parallel() != nullptr && options_.data_parallel()->distributed()) {
-    found.max_batch_size = options_.data_parallel()->min(found.max_batch_size);
-  }
+  if (DataParallel* dp = group()) found.max_batch_size = dp->min(found.max_batch_size);
   r.eval_search = std::move(found);
   end_phase(TunePhase::kEval);
 }

@@ -3,7 +3,9 @@ emulated budget through the user's Gloo process group. `plain`: a module as
 it is; `ddp`: the same wrapped in DistributedDataParallel with AdamW, tuned
 with the sweep (the trials in lockstep: each step averages the gradients),
 then two Trainer steps with the plan; `compiled-ddp`: that DDP model under
-`torch.compile`, tuned compiled and in lockstep, then trained."""
+`torch.compile`, tuned compiled and in lockstep, then trained; `short`,
+`save-error`, `restore-error`: a rank that cannot start, or that stops with an
+error between steps, and what each rank says."""
 import datetime
 import json
 import os
@@ -38,6 +40,36 @@ if kind == "short":
         error = str(e)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"error": error}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    exit_distributed_job()
+if kind in ("save-error", "restore-error"):
+    # Rank 1 stops with an error outside any step, at its third trial: taking
+    # the snapshot (before the trial's first meeting), or putting the model
+    # back after it fitted (before the result is agreed). Rank 0 must learn
+    # of it at its next meeting, not wait in a collective until the timeout.
+    from batchtune import _trial
+    method = "save" if kind == "save-error" else "restore"
+    original = getattr(_trial.Subject, method)
+    calls = [0]
+
+    def failing(self):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            raise RuntimeError(f"{method} failed on rank 1 (injected)")
+        return original(self)
+
+    setattr(_trial.Subject, method, failing)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    try:
+        batchtune.tune(model, optimizer, classify_loss, image_batch((3, 16, 16)),
+                       memory_limit=limit, report=None, amp="off", max_batch=256, sweep=False)
+        error = None
+    except Exception as e:  # noqa: BLE001 - each rank's error is the test's subject
+        error = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"error": error, "calls": calls[0]}, f)
     dist.barrier()
     dist.destroy_process_group()
     exit_distributed_job()

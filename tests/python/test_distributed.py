@@ -92,3 +92,25 @@ def test_a_rank_that_cannot_start_the_tune_stops_every_rank_at_once(tmp_path):
     assert errors[1] is not None and errors[1].startswith("memory_limit:"), errors[1]
     assert "\n" not in errors[1]
 
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed not built")
+@pytest.mark.parametrize("where", ["save", "restore"])
+def test_an_error_outside_a_step_on_one_rank_stops_every_rank_at_its_next_meeting(tmp_path, where):
+    # Before, rank 0 waited in its next collective until the 60 s timeout
+    # (Gloo's "Timed out waiting" or a mismatched collective), or for ever.
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = Path(__file__).with_name("ddp_tune_job.py")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(job),
+                           str(tmp_path), f"{where}-error"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[1]["error"] == f"RuntimeError: {where} failed on rank 1 (injected)", ranks[1]
+    assert ranks[0]["error"] is not None, ranks[0]
+    assert ranks[0]["error"].startswith("Error: "), ranks[0]["error"]
+    assert "another rank stopped with an error (its own output says which)" in ranks[0]["error"]
+    assert "\n" not in ranks[0]["error"]
+    # Rank 0 reached the trial rank 1 stopped in, and no further.
+    assert ranks[0]["calls"] == 3

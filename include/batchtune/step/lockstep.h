@@ -39,6 +39,12 @@ class PeerFailure : public std::runtime_error {
 /// own collectives). A rank whose step failed meets them once with the
 /// failure (`fail`) instead of its next meeting, so every rank calls the
 /// same number of meetings; a failure already agreed is not sent again.
+/// Between trials every collective of the ranks begins with a meeting too
+/// (`check_between_trials`: before the result's agreement, the agreed
+/// clock, a phase's agreement over the group), so that a rank stopped by an
+/// error anywhere — saving the subject, putting it back, a reporter, a
+/// decision — tells its peers once (`fail(true)`) at whatever point they
+/// wait, and no rank is left in a collective another never joins.
 /// After the trial the ranks take one result (`agree`): it fits where it
 /// fits on every rank, its peak is the largest, its capacity the smallest,
 /// its step times the slowest rank's (the step is as slow as its slowest
@@ -63,14 +69,21 @@ class Lockstep {
   /// memory (the step must then stop, as an out-of-memory does); throws
   /// `PeerFailure` when a peer stopped with an error.
   bool check_peers();
+  /// Between trials, before a collective of the ranks: throws
+  /// `PeerFailure` when a peer stopped with an error.
+  void check_between_trials();
   /// This rank's step failed: tells the others at their next meeting,
   /// unless the failure was learned from them. `error`: not an
-  /// out-of-memory (the peers stop too).
+  /// out-of-memory (the peers stop too); an error is sent once for the
+  /// whole tune, wherever it happens, unless a peer's was learned.
   void fail(bool error);
   bool failure_agreed() const { return failure_agreed_; }
-  /// The trial's result taken together with the peers' (see above).
+  /// Whether an error stopped this rank or a peer and every rank knows.
+  bool error_agreed() const { return error_agreed_; }
+  /// The trial's result taken together with the peers' (see above),
+  /// after a meeting.
   void agree(TrialResult& result);
-  /// The largest of the ranks' `seconds`.
+  /// The largest of the ranks' `seconds`, after a meeting.
   double agree_seconds(double seconds);
 
  private:
@@ -80,7 +93,8 @@ class Lockstep {
 
   RankMaximum& ranks_;
   int64_t batch_size_ = 0;
-  bool failure_agreed_ = false;
+  bool failure_agreed_ = false;  ///< this trial's failure, by this rank or a peer
+  bool error_agreed_ = false;    ///< an error, for the rest of the tune
 };
 
 }  // namespace batchtune
