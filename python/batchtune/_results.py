@@ -86,12 +86,19 @@ class SweepRow:
     step_ms_ci: Optional[Tuple[float, float]] = None
     noisy: bool = False
     noise_cause: Optional[str] = None
+    flops_per_s: Optional[float] = None
+    """Achieved training FLOP/s: 3x the forward's FLOPs a sample (counted by
+    `torch.utils.flop_counter` at batch 1) x samples/s; None where not counted."""
+    mfu: Optional[float] = None
+    """Model FLOPs utilization, `flops_per_s` over the GPU's datasheet peak at
+    the row's precision (the result's JSON `peak_flops` names it); None on the
+    CPU or for a GPU batchtune's table does not know (`mfu_note` says)."""
 
     @classmethod
     def _from_core(cls, r: "_core.SweepRow") -> "SweepRow":
         return cls(r.batch_size, r.samples_per_s, r.samples_per_s_spread, r.step_ms, r.busy,
                    r.peak_bytes, r.steps, _interval(r.samples_per_s_ci), _interval(r.step_ms_ci),
-                   r.noisy, r.noise_cause or None)
+                   r.noisy, r.noise_cause or None, r.flops_per_s, r.mfu)
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ from . import _checks, _core, _distributed
 from ._checkpointing import MODES as CHECKPOINTING_MODES
 from ._checkpointing import Checkpointing, CheckpointingRun, choose_checkpointing
 from ._compile import CompileWatch, compile_phase, compiled_amps, is_compiled
+from ._flops import forward_flops_per_sample
 from ._lengths import parse_lengths
 from ._memory import (MemoryLimit, count_only, device_memory, resolve_device, restored_budget,
                       uncounted_bytes)
@@ -349,6 +350,9 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
 
     options = options_for(float(time_budget) / len(configurations))
     communicator = _distributed.communicator(group, dev)
+    # Counted before the budget is installed: one forward at batch 1. With
+    # lengths a sample's FLOPs depend on its length: not counted.
+    flops = forward_flops_per_sample(model, loss_fn, make_batch, dev) if seqs is None else None
     started = time.perf_counter()
     runs = []
     kept = False  # whether checkpointing stays on after the tune
@@ -359,7 +363,8 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
                 if on:
                     recompute.on()
                 runs.append(_run_pipeline(model, optimizer, loss_fn, make_batch, dev, amp, seqs,
-                                          memory, margin, options, communicator, verbose, sweep))
+                                          memory, margin, options, communicator, verbose, sweep,
+                                          flops))
                 if not runs[-1][0].complete:
                     break  # Ctrl-C: what was measured, no second configuration
                 if on and checkpointing == "on":
@@ -416,7 +421,8 @@ def _run_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss
                   make_batch: MakeBatch, dev: torch.device, amp: str, seqs: Any,
                   memory: "_core.DeviceMemory", margin: float,
                   options: "_core.ResolvedTuneOptions", communicator: Any, verbose: bool,
-                  sweep: bool) -> Tuple["_core.TuneReport", Optional[CompileWatch]]:
+                  sweep: bool, flops: Optional[float] = None
+                  ) -> Tuple["_core.TuneReport", Optional[CompileWatch]]:
     """The library's pipeline over the user's step as the model is now (one
     configuration), after a compiled model's compile phase; the core's result
     and the compile watch (None for an eager model)."""
@@ -445,7 +451,8 @@ def _run_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss
                               verbose=verbose,
                               lengths=(seqs.shortest, seqs.longest) if seqs is not None else None,
                               gradient_bytes=_gradient_bytes(model) if seqs is not None else 0,
-                              compile=watch.record if watch is not None else None)
+                              compile=watch.record if watch is not None else None,
+                              flops_per_sample=flops)
     finally:
         for subject in subjects:
             subject.batch = None

@@ -258,6 +258,8 @@ void bind_search(py::module_& m) {
       .def_readwrite("busy", &SweepRow::busy)
       .def_readwrite("utilization", &SweepRow::utilization)
       .def_readwrite("peak_bytes", &SweepRow::peak_bytes)
+      .def_readwrite("flops_per_s", &SweepRow::flops_per_s)
+      .def_readwrite("mfu", &SweepRow::mfu)
       .def_readwrite("steps", &SweepRow::steps);
 
   py::class_<Selection>(m, "Selection")

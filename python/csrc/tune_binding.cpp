@@ -165,8 +165,11 @@ std::optional<std::string> python_stop() {
 class PythonSubject final : public TuneSubject {
  public:
   PythonSubject(py::function make_runner, std::optional<LengthRange> lengths,
-                int64_t gradient_bytes)
-      : make_runner_(std::move(make_runner)), lengths_(lengths), gradient_bytes_(gradient_bytes) {}
+                int64_t gradient_bytes, std::optional<double> flops_per_sample)
+      : make_runner_(std::move(make_runner)),
+        lengths_(lengths),
+        gradient_bytes_(gradient_bytes),
+        flops_per_sample_(flops_per_sample) {}
   ~PythonSubject() override {
     py::gil_scoped_acquire gil;
     runners_.clear();
@@ -185,11 +188,13 @@ class PythonSubject final : public TuneSubject {
   std::string loader_skipped_note() const override { return kPythonLoaderNote; }
   std::optional<LengthRange> length_range() const override { return lengths_; }
   int64_t gradient_bytes() const override { return gradient_bytes_; }
+  std::optional<double> flops_per_sample() const override { return flops_per_sample_; }
 
  private:
   py::function make_runner_;
   std::optional<LengthRange> lengths_;
   int64_t gradient_bytes_;
+  std::optional<double> flops_per_sample_;
   std::map<AmpMode, py::object> runners_;
 };
 
@@ -209,7 +214,7 @@ TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
                     const ResolvedTuneOptions& resolved, TuneReporter* reporter,
                     Communicator* communicator, bool verbose, const std::string& report,
                     std::optional<std::pair<int64_t, int64_t>> lengths, int64_t gradient_bytes,
-                    const py::object& compile) {
+                    const py::object& compile, std::optional<double> flops_per_sample) {
   ResolvedTuneOptions options = resolved;
   clear_keyboard_interrupt();
   options.stop(python_stop);
@@ -233,7 +238,7 @@ TuneResult run_tune(const py::function& make_runner, DeviceMemory& memory,
 
   std::optional<LengthRange> range;
   if (lengths) range = LengthRange{lengths->first, lengths->second};
-  PythonSubject subject(make_runner, range, gradient_bytes);
+  PythonSubject subject(make_runner, range, gradient_bytes, flops_per_sample);
   TuneResult r = tune(subject, memory, options, &reporters);
   if (!compile.is_none()) {
     // A compiled model: what compiling took, known once the trials ran.
@@ -337,20 +342,22 @@ void bind_tune(py::module_& m) {
         py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,
         py::arg("verbose") = false, py::arg("report") = "", py::arg("lengths") = py::none(),
         py::arg("gradient_bytes") = 0, py::arg("compile") = py::none(),
+        py::arg("flops_per_sample") = py::none(),
         "batchtune::tune: precision, search, sweep, choice, plan under one time budget, with the "
         "utilization monitor; `make_runner(amp)` gives the TrialRunner of each precision it "
         "measures or picks; the result as `TuneReport`. A KeyboardInterrupt in a trial ends it "
         "with what was measured (complete False). `lengths` (shortest, longest): sequences, "
         "with the length phase and a token budget (`gradient_bytes` kept free for the "
         "gradients held while micro-batches accumulate). `compile`: for a compiled model, "
-        "`compile()` → (seconds, graphs, recompiles, note), asked after the trials.");
+        "`compile()` → (seconds, graphs, recompiles, note), asked after the trials. "
+        "`flops_per_sample`: the forward's FLOPs a sample, for the rows' FLOP/s and MFU.");
   m.def(
       "tune",
       [](const py::function& make_runner, DeviceMemory& memory, const TuneOptions& options,
          TuneReporter* reporter, Communicator* communicator, bool verbose,
          const std::string& report) {
         return run_tune(make_runner, memory, resolve(options), reporter, communicator, verbose,
-                        report, std::nullopt, 0, py::none());
+                        report, std::nullopt, 0, py::none(), std::nullopt);
       },
       py::arg("make_runner"), py::arg("memory"), py::arg("options"),
       py::arg("reporter") = nullptr, py::arg("communicator") = nullptr,

@@ -52,9 +52,16 @@ void print_goodput(std::ostream& out, const TuneResult& report) {
 void print_sweep(std::ostream& out, const TuneResult& report) {
   const bool tokens = std::any_of(report.sweep.begin(), report.sweep.end(),
                                   [](const SweepRow& r) { return r.tokens_per_s > 0; });
-  fmt::print(out, "\n  {:>8}  {:>12}  {:>7}{}  {:>10}  {:>6}  {:>6}  {:>9}  {:>22}\n", "batch",
+  // GFLOP/s with the MFU beside it where the device's peak is known.
+  const int flops_width = report.peak_flops ? 20 : 9;
+  fmt::print(out, "\n  {:>8}  {:>12}  {:>7}{}  {:>10}  {:>6}  {:>6}  {:>{}}  {:>22}\n", "batch",
              "samples/s", "±95 %", tokens ? fmt::format("  {:>12}", "tokens/s") : "", "step ms",
-             "busy", "util", "GFLOP/s", "peak / capacity");
+             "busy", "util", "GFLOP/s", flops_width, "peak / capacity");
+  const auto gflops = [](const SweepRow& r) {
+    if (!r.flops_per_s) return std::string("n/a");
+    return r.mfu ? fmt::format("{:.1f} ({:.1f}% MFU)", *r.flops_per_s / 1e9, 100 * *r.mfu)
+                 : fmt::format("{:.1f}", *r.flops_per_s / 1e9);
+  };
   std::vector<std::string> noisy;
   for (const auto& r : report.sweep) {
     const bool chosen = r.batch_size == report.selection.batch_size;
@@ -62,7 +69,7 @@ void print_sweep(std::ostream& out, const TuneResult& report) {
       noisy.push_back(r.noise_cause.empty() ? std::to_string(r.batch_size)
                                             : fmt::format("{} ({})", r.batch_size, r.noise_cause));
     }
-    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>6}{}{}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>9}  {:>10} / {:<10}\n",
+    fmt::print(out, "{} {:>8}  {:>12.1f}  {:>6}{}{}  {:>10.2f}  {:>5.0f}%  {:>6}  {:>{}}  {:>10} / {:<10}\n",
                chosen ? ">" : " ", r.batch_size, r.samples_per_s,
                r.samples_per_s_ci.n > 0
                    ? fmt::format("{:.0f}%", 100 * r.samples_per_s_ci.relative_half_width())
@@ -70,8 +77,15 @@ void print_sweep(std::ostream& out, const TuneResult& report) {
                r.noisy ? "!" : " ",
                tokens ? fmt::format("  {:>12.0f}", r.tokens_per_s) : "", r.step_ms, 100 * r.busy,
                r.utilization ? fmt::format("{:.0f}%", *r.utilization) : "n/a",
-               r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
-               format_bytes(r.peak_bytes), format_bytes(report.capacity_bytes));
+               gflops(r), flops_width, format_bytes(r.peak_bytes),
+               format_bytes(report.capacity_bytes));
+  }
+  if (report.peak_flops) {
+    fmt::print(out, "MFU: over the {} peak {:.1f} TFLOP/s of {} ({})\n", report.peak_flops->precision,
+               report.peak_flops->flops_per_s / 1e12, report.peak_flops->gpu,
+               report.peak_flops->source);
+  } else if (!report.mfu_note.empty() && !report.sweep.empty() && report.sweep.front().flops_per_s) {
+    fmt::print(out, "MFU: n/a ({})\n", report.mfu_note);
   }
   if (!noisy.empty()) {
     fmt::print(out, "! noisy (interval wider than ±{:.0f} %): {}\n", 100 * kNoisyHalfWidth,

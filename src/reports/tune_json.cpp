@@ -109,9 +109,20 @@ nlohmann::json to_json(const TuneResult& report) {
                     {"peak_bytes", r.peak_bytes},
                     {"energy_j_per_sample", optional_json(r.energy_j_per_sample)},
                     {"flops_per_s", optional_json(r.flops_per_s)},
+                    {"mfu", optional_json(r.mfu)},
                     {"steps", r.steps}});
   }
   out["sweep"] = rows;
+  if (report.peak_flops) {
+    out["peak_flops"] = {{"flops_per_s", report.peak_flops->flops_per_s},
+                         {"gpu", report.peak_flops->gpu},
+                         {"precision", report.peak_flops->precision},
+                         {"source", report.peak_flops->source}};
+  } else {
+    out["peak_flops"] = nullptr;
+  }
+  out["mfu_note"] = report.mfu_note.empty() ? nlohmann::json(nullptr)
+                                            : nlohmann::json(report.mfu_note);
   if (report.tokens) out["tokens"] = tokens_json(*report.tokens);
   out["objective"] = to_string(report.objective);
   out["chosen_batch_size"] = report.selection.batch_size > 0

@@ -294,7 +294,9 @@ std::string html_report(const TuneResult& report) {
             : "n/a",
         r.step_ms, 100 * r.busy,
         r.utilization ? fmt::format("{:.0f} %", *r.utilization) : "n/a",
-        r.flops_per_s ? fmt::format("{:.1f}", *r.flops_per_s / 1e9) : "n/a",
+        r.flops_per_s ? fmt::format("{:.1f}{}", *r.flops_per_s / 1e9,
+                                    r.mfu ? fmt::format(" ({:.1f} % MFU)", 100 * *r.mfu) : "")
+                      : "n/a",
         format_bytes(r.peak_bytes),
         r.energy_j_per_sample ? fmt::format("{:.4f}", *r.energy_j_per_sample) : "n/a", r.steps);
   }

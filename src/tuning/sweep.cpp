@@ -370,9 +370,11 @@ SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& tr
   return outcome;
 }
 
-void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample) {
+void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample,
+               double peak_flops_per_s) {
   for (auto& row : rows) {
     row.flops_per_s = kTrainingFlopsPerForwardFlop * forward_flops_per_sample * row.samples_per_s;
+    if (peak_flops_per_s > 0) row.mfu = *row.flops_per_s / peak_flops_per_s;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "batchtune/data/dataset.h"
+#include "batchtune/memory/device_memory.h"
 #include "batchtune/monitoring/monitor.h"
 #include "batchtune/monitoring/sampler.h"
 #include "tune_objectives.h"
@@ -49,7 +50,12 @@ void TunePipeline::sweep() {
     remeasure_note_ = fmt::format("the contenders were re-measured, interleaved, {} time(s)",
                                   outcome.remeasure_rounds);
   }
-  if (const auto flops = subject_.flops_per_sample()) add_flops(result_.sweep, *flops);
+  if (const auto flops = subject_.flops_per_sample()) {
+    result_.peak_flops = device_peak_flops(memory_.device(), result_.amp, &result_.mfu_note);
+    add_flops(result_.sweep, *flops, result_.peak_flops ? result_.peak_flops->flops_per_s : 0);
+  } else {
+    result_.mfu_note = "the model's FLOPs are not known";
+  }
   // The sweep's phase ends in choose(), once its rows are read: the
   // console shows the table with the choice and the diagnosis.
 }

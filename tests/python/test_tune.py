@@ -144,6 +144,19 @@ def test_tune_is_the_library_pipeline_with_the_cli_json(tmp_path):
     assert d["plan"]["lr_scaling"] == "sqrt"  # AdamW's default
     assert r.plan.reasons[0].startswith(f"micro-batch {r.chosen_batch_size}:")
     assert d["search"]["stop_reason"]
+    # Each row's training FLOP/s: 3 x one sample's forward (PyTorch's own
+    # counter) x samples/s; no MFU on the CPU, and the result says why.
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        classify_loss(model, image_batch((3, 16, 16))(1))
+    forward = counter.get_total_flops()
+    assert forward > 0
+    for row in r.sweep:
+        assert row.flops_per_s == pytest.approx(3 * forward * row.samples_per_s, rel=1e-9)
+        assert row.mfu is None
+    assert d["peak_flops"] is None
+    assert d["mfu_note"] == "no peak for the CPU: model FLOPs utilization is given for GPUs"
 
 
 def test_amp_auto_is_chosen_first_by_a_measured_step():

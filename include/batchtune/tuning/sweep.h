@@ -71,6 +71,9 @@ struct SweepRow {
   int64_t peak_bytes = 0;
   std::optional<double> energy_j_per_sample;
   std::optional<double> flops_per_s;          ///< achieved, where the model's FLOPs are known
+  /// Model FLOPs utilization: `flops_per_s` over the device's peak at the
+  /// row's precision (see `PeakFlops`), where both are known.
+  std::optional<double> mfu;
   int64_t steps = 0;                          ///< training steps this row ran
 };
 
@@ -190,7 +193,9 @@ SweepOutcome run_sweep(const std::function<TrialResult(const TrialOptions&)>& tr
                        const std::vector<TrialResult>& search_trials = {},
                        const SweepOptions& options = {});
 
-/// Fills each row's achieved FLOP/s from the model's forward FLOPs per sample.
-void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample);
+/// Fills each row's achieved FLOP/s from the model's forward FLOPs per
+/// sample, and its model FLOPs utilization where `peak_flops_per_s` > 0.
+void add_flops(std::vector<SweepRow>& rows, double forward_flops_per_sample,
+               double peak_flops_per_s = 0);
 
 }  // namespace batchtune

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "batchtune/monitoring/peak_flops.h"
 #include "batchtune/plan/plan.h"
 #include "batchtune/step/amp.h"
 #include "batchtune/step/trial.h"
@@ -111,6 +112,11 @@ struct TuneResult {
   std::string budget_note;
   /// A compiled model's compilation; none for an eager one.
   std::optional<CompileRecord> compile;
+  /// The device's peak that the sweep rows' `mfu` divides by; none (and
+  /// `mfu_note` says why) on the CPU, for a GPU the table does not know, or
+  /// where the model's FLOPs are not known.
+  std::optional<PeakFlops> peak_flops;
+  std::string mfu_note;
   /// `--objective goodput`: the noise-scale run, on what data, the base
   /// batch B0 of the efficiency, every candidate global batch and the choice.
   std::optional<NoiseScaleMeasurement> noise;
