@@ -221,12 +221,14 @@ class Checks:
         the steps run, the loss is finite, the noise scale is measured and
         the batch schedule is there as the CLI writes it, one log line per
         change (on the CPU pinned memory does not apply: the plan keeps it off)."""
-        steps, start = (60, 64) if self.gpu else (30, 16)
+        # 100 steps: the adapter's first decision waits for about 30 noise
+        # measurements, then one every 10 steps.
+        steps, start = (100, 64) if self.gpu else (100, 16)
         model = (["--model", "resnet18", "--input", "3x96x96"] if self.gpu else
                  ["--model", "convnet", "--input", "3x32x32"])
         self.check("train-adapt", 150, verdict_train_adapt,
                    ["train", "--device", self.dev, *model, "--batch-size", str(start), "--amp", "bf16",
-                    "--workers", "2", "--pin-memory", "on", "--adapt", "--adapt-every", "10" if self.gpu else "5",
+                    "--workers", "2", "--pin-memory", "on", "--adapt", "--adapt-every", "10",
                     "--steps", str(steps), "--json", "-"], start, steps, self.gpu)
 
     def write_text(self, folder: Path, paragraphs: int, shortest: int, longest: int) -> None:
@@ -255,11 +257,11 @@ class Checks:
         text, ckpt, plan = self.work / "text", self.work / "text-ckpt", self.work / "text-plan.json"
         shutil.rmtree(ckpt, ignore_errors=True)
         if self.gpu:
-            self.write_text(text, 2000, 32, 512)
+            self.write_text(text, 4000, 32, 512)
             gpt = ["--layers", "2", "--heads", "4", "--width", "256", "--memory-limit", "2GiB", "--amp", "bf16"]
             tokens, budget = "8192", "10"
         else:
-            self.write_text(text, 600, 16, 64)
+            self.write_text(text, 800, 16, 64)
             gpt = ["--layers", "1", "--heads", "2", "--width", "32", "--memory-limit", "16MiB", "--amp", "off"]
             tokens, budget = "256", "8"
         first_steps, total_steps = 10, 20

@@ -65,7 +65,7 @@ class LMSizes:
     length: int        # py-compile, py-checkpointing: every sequence's length
     limit: str         # the memory limit of their tunes (a cap on CUDA, emulated on the CPU)
     amp: str
-    time_budget: float
+    time_budget: float  # each tune's (py-checkpointing's "auto": twice, half to each configuration)
     steps: int         # py-lengths: the Trainer's steps by the token budget
     backend: str       # py-compile: torch.compile's backend
 
@@ -76,7 +76,7 @@ SIZES = {
                   lightning_image=64, lightning_limit="1GiB",
                   lightning_target=1024, lightning_steps=30, hf_limit="2GiB", hf_length=256,
                   lm=LMSizes(vocab=4096, width=512, heads=8, layers=4, longest=512, samples=2000,
-                             length=256, limit="2GiB", amp="bf16", time_budget=30, steps=10,
+                             length=256, limit="2GiB", amp="bf16", time_budget=15, steps=10,
                              backend="inductor")),
     # Lightning's fits train a small convnet on the CPU: a torchvision model's
     # steps there take seconds on two shared cores, and its tune starts at
@@ -87,7 +87,7 @@ SIZES = {
                  lightning_target=64, lightning_steps=20, hf_limit="24MiB", hf_length=16,
                  # aot_eager: traced forward and backward, no code generated (inductor's
                  # C++ kernels take minutes to build on two shared cores).
-                 lm=LMSizes(vocab=256, width=64, heads=2, layers=2, longest=96, samples=400,
+                 lm=LMSizes(vocab=256, width=64, heads=2, layers=2, longest=96, samples=1000,
                             length=32, limit="24MiB", amp="off", time_budget=40, steps=6,
                             backend="aot_eager")),
 }
@@ -495,19 +495,20 @@ def job_lengths(args) -> Dict[str, Any]:
     start = time.monotonic()
     result = batchtune.tune(model, optimizer, lm_loss, make_batch, lengths=lengths, device=args.device,
                             memory_limit=lm.limit, amp=lm.amp, time_budget=lm.time_budget, base_batch=8,
-                            report=None)
+                            sweep=False, report=None)
     tune_s = time.monotonic() - start
     plan = result.plan
     sampler = batchtune.TokenBudgetSampler(lengths, plan, seed=0)
     loader = torch.utils.data.DataLoader(samples, batch_sampler=sampler, collate_fn=batchtune.pad_collate)
     losses, micro, over = [], 0, 0
+    asked = min(lm.steps, len(sampler.steps()))  # an epoch of a small corpus may hold fewer
     with capped(args.device, lm.limit):
         trainer = batchtune.Trainer(model, optimizer, lm_loss, plan, loss_items=label_tokens)
         for step in sampler.group(loader):
             micro += len(step)
             over += sum(b["input_ids"].numel() > plan.token_budget for b in step)
             losses.append(trainer.step(micro_batches=step))
-            if len(losses) == lm.steps:
+            if len(losses) == asked:
                 break
         peak = peak_allocated(args.device)
     model_fit = result.memory_model or {}
@@ -516,7 +517,7 @@ def job_lengths(args) -> Dict[str, Any]:
             "tokens_per_step": plan.tokens_per_step, "length_buckets": plan.length_buckets,
             "max_batch_size": result.max_batch_size, "complete": result.complete,
             "per_token_bytes": model_fit.get("per_token_bytes"), "fit_error": model_fit.get("fit_error"),
-            "tune_seconds": tune_s, "steps_asked": lm.steps, "steps": len(losses), "micro_batches": micro,
+            "tune_seconds": tune_s, "steps_asked": asked, "steps": len(losses), "micro_batches": micro,
             "micro_batches_over_budget": over, "losses": losses,
             "finite": bool(losses) and all(math.isfinite(x) for x in losses),
             "recoveries": list(trainer.recoveries), "peak_allocated_bytes": peak, "memory_limit": lm.limit,

@@ -372,20 +372,25 @@ def text_run(steps, resumed_from=None, changes=((5, 512),), **kw):
     return dict(doc, **kw)
 
 
+def resumed_outcome(doc, line="resumed from /tmp/ckpt/checkpoint.pt at step 10 (epoch 1, micro-batch 20 of it)"):
+    return Outcome(0, json.dumps(doc), f"plan: from the checkpoint in /tmp/ckpt\n{line}\n", 1.0)
+
+
 def test_train_text_wants_the_resume_to_go_on_from_the_checkpoints_step():
     first = outcome(text_run(10))
-    resumed = outcome(text_run(20, resumed_from=10, changes=((5, 512), (15, 1024))))
+    resumed = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 512), (15, 1024))))
     status, detail, figures = verdicts.verdict_train_text(first, resumed, 10, 20, 256, True)
     assert status == "pass" and figures["resumed_from_step"] == 10, detail
-    afresh = outcome(text_run(20, changes=((5, 512), (15, 1024))))  # started again: no resumed_from_step
+    afresh = resumed_outcome(text_run(20, changes=((5, 512), (15, 1024))), line="")  # started again
     assert "went on from step None" in verdicts.verdict_train_text(first, afresh, 10, 20, 256, True)[1]
-    finished = outcome(text_run(10, resumed_from=10, already_finished=True))
+    finished = resumed_outcome(text_run(10, resumed_from=10, already_finished=True))
     assert verdicts.verdict_train_text(first, finished, 10, 20, 256, True)[0] == "fail"
-    other = outcome(text_run(20, resumed_from=10, changes=((5, 1024),)))  # not the schedule it had
+    other = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 1024),)))  # not the schedule it had
     assert "does not continue" in verdicts.verdict_train_text(first, other, 10, 20, 256, True)[1]
     assert verdicts.verdict_train_text(first, resumed, 10, 20, 256, False)[0] == "fail"  # no checkpoint written
-    budget = outcome(text_run(20, resumed_from=10, changes=((5, 512),), token_budget=2048))
-    assert verdicts.verdict_train_text(first, budget, 10, 20, 256, True)[0] == "fail"
+    elsewhere = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 512), (15, 1024))),
+                                line="resumed from /tmp/ckpt/checkpoint.pt at step 5 (epoch 1, ...)")
+    assert "about where it went on from" in verdicts.verdict_train_text(first, elsewhere, 10, 20, 256, True)[1]
     refused = Outcome(2, "", "batchtune: --resume: ... was written by a run with ...\n", 1.0)
     assert verdicts.verdict_train_text(first, refused, 10, 20, 256, True)[0] == "fail"
 
