@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -235,7 +236,6 @@ class Checks:
         """A folder of text as tests/text_test.cpp lays it out: paragraphs
         (separated by a blank line) of `shortest` to `longest` bytes, seeded,
         in files at two depths."""
-        import random
         shutil.rmtree(folder, ignore_errors=True)
         (folder / "sub").mkdir(parents=True)
         rng = random.Random(52)

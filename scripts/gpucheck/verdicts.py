@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -432,12 +433,11 @@ COMPILE_TOLERANCE = 0.05
 MAX_RECOMPILES = 2
 
 
-def adapt_changes(o: Outcome, token: bool = False) -> int:
-    """The log lines of --adapt's changes of the global batch, wherever the
-    CLI printed them (stderr when the JSON goes to stdout)."""
-    mark = "adapt: " + ("" if token else "global batch ")
+def adapt_changes(o: Outcome) -> int:
+    """The log lines of --adapt's changes of an image run's global batch,
+    wherever the CLI printed them (stderr when the JSON goes to stdout)."""
     return sum(1 for line in (o.out + "\n" + o.err).splitlines()
-               if line.strip().startswith(mark) and "->" in line)
+               if line.startswith("adapt: global batch ") and "->" in line)
 
 
 def schedule_problems(schedule: Sequence[Dict], start: int, steps: int, images: bool = True) -> list:
@@ -683,7 +683,6 @@ def verdict_py_checkpointing(o: Outcome) -> Verdict:
     """checkpointing="auto" says in one reason what each configuration fits
     and which it kept; the plan (and its JSON) and the model agree with it;
     recomputing the blocks fits the larger batch."""
-    import re
     r = o.last_json()
     reason = r["reason"] or ""
     m = re.match(r"checkpointing fits (\d+) against (\d+)", reason)
