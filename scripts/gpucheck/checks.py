@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -21,7 +22,8 @@ from .verdicts import (
     verdict_hidden_env, verdict_max, verdict_monitor_vs_smi, verdict_next, verdict_oom,
     verdict_recover, verdict_step_scaling, verdict_train, verdict_tune_memory,
     clearly_larger, verdict_hf, verdict_lightning, verdict_lightning_adapt, verdict_py_probe,
-    verdict_py_trainer, verdict_py_tune)
+    verdict_py_trainer, verdict_py_tune, verdict_train_adapt, verdict_train_text, verdict_expandable,
+    verdict_cli_checkpointing, verdict_py_lengths, verdict_py_compile, verdict_py_checkpointing)
 
 # The Python rows' programs, run by the python given (`--python`).
 PYTHON_JOBS = Path(__file__).resolve().with_name("python_jobs.py")
@@ -162,6 +164,12 @@ class Checks:
         self.monitor_vs_smi(img)
         self.step_scaling(img)
         self.clean_errors()
+        # The paths later issues added to the CLI: --adapt, text by a token
+        # budget with a resume, the allocator's expandable segments, --checkpointing.
+        self.train_adapt()
+        self.train_text()
+        self.expandable_segments(img)
+        self.cli_checkpointing()
 
     def no_context(self) -> None:
         """`monitor --device auto` lists the GPUs without making a CUDA
@@ -208,6 +216,114 @@ class Checks:
         base = ["probe", "--device", self.dev, *img, "--memory-limit", limit, "--steps", "2", "--json", "-"]
         self.check("boundary-largest", 60, verdict_fits, [*base, "--batch-size", str(n)])
         self.check("boundary-next", 60, verdict_next, [*base, "--batch-size", str(math.ceil(n * 1.1))])
+
+    def train_adapt(self) -> None:
+        """`train --adapt` at bf16 with pinned memory and two loader workers:
+        the steps run, the loss is finite, the noise scale is measured and
+        the batch schedule is there as the CLI writes it, one log line per
+        change (on the CPU pinned memory does not apply: the plan keeps it off)."""
+        # 100 steps: the adapter's first decision waits for about 30 noise
+        # measurements, then one every 10 steps.
+        steps, start = (100, 64) if self.gpu else (100, 16)
+        model = (["--model", "resnet18", "--input", "3x96x96"] if self.gpu else
+                 ["--model", "convnet", "--input", "3x32x32"])
+        self.check("train-adapt", 150, verdict_train_adapt,
+                   ["train", "--device", self.dev, *model, "--batch-size", str(start), "--amp", "bf16",
+                    "--workers", "2", "--pin-memory", "on", "--adapt", "--adapt-every", "10",
+                    "--steps", str(steps), "--json", "-"], start, steps, self.gpu)
+
+    def write_text(self, folder: Path, paragraphs: int, shortest: int, longest: int) -> None:
+        """A folder of text as tests/text_test.cpp lays it out: paragraphs
+        (separated by a blank line) of `shortest` to `longest` bytes, seeded,
+        in files at two depths."""
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / "sub").mkdir(parents=True)
+        rng = random.Random(52)
+        files = [[] for _ in range(4)]
+        for p in range(paragraphs):
+            n = rng.randint(shortest, longest)
+            files[p % 4].append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(n)))
+        for i, paras in enumerate(files):
+            ((folder / "sub") if i % 2 else folder).joinpath(f"doc{i}.txt").write_text("\n\n".join(paras) + "\n")
+
+    def train_text(self) -> None:
+        """`train --data text:DIR --adapt` from a tuned token plan, with a
+        checkpoint; then `--resume` from it asking for more steps: both runs
+        finish, the resume goes on from the checkpoint's step with the
+        schedule it had."""
+        name = "train-text"
+        if not self.enough_time(name):
+            return
+        text, ckpt, plan = self.work / "text", self.work / "text-ckpt", self.work / "text-plan.json"
+        shutil.rmtree(ckpt, ignore_errors=True)
+        if self.gpu:
+            self.write_text(text, 4000, 32, 512)
+            gpt = ["--layers", "2", "--heads", "4", "--width", "256", "--memory-limit", "2GiB", "--amp", "bf16"]
+            tokens, budget = "8192", "10"
+        else:
+            self.write_text(text, 800, 16, 64)
+            gpt = ["--layers", "1", "--heads", "2", "--width", "32", "--memory-limit", "16MiB", "--amp", "off"]
+            tokens, budget = "256", "8"
+        first_steps, total_steps = 10, 20
+        data = ["--data", f"text:{text}", "--device", self.dev, *gpt]
+        start = time.monotonic()
+        tune = self.cli_run(f"{name}-tune", 90, "tune", *data, "--time-budget", budget, "--json", str(plan))
+        if tune.rc != 0 or not plan.exists():
+            self.row(Row(name, FAIL, f"the tune for the token plan: exit {tune.rc}: {tune.err.strip()[-300:]}",
+                         {}, time.monotonic() - start))
+            return
+        train = ["train", "--plan", str(plan), *data, "--target-tokens", tokens, "--adapt", "--adapt-every", "5",
+                 "--checkpoint", str(ckpt), "--checkpoint-every", "5", "--json", "-"]
+        first = self.cli_run(f"{name}-first", 90, *train, "--steps", str(first_steps))
+        saved = (ckpt / "checkpoint.pt").exists()
+        resumed = self.cli_run(f"{name}-resume", 90, *[a for a in train if a not in ("--plan", str(plan))],
+                               "--steps", str(total_steps), "--resume")
+        status, detail, figures = verdict_train_text(first, resumed, first_steps, total_steps, int(tokens), saved)
+        self.row(Row(name, status, detail, figures, time.monotonic() - start))
+
+    def expandable_segments(self, img: List[str]) -> None:
+        """The boundary rows under `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`:
+        the search's answer runs in a fresh process and a clearly larger batch
+        does not, the allocator mapping its segments as they grow. The CPU's
+        allocator ignores the variable: the rehearsal runs the same commands
+        with it set."""
+        name = "expandable-segments"
+        if not self.enough_time(name):
+            return
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+        limit = "3GiB" if self.gpu else "48MiB"
+        start = time.monotonic()
+        search = self.cli_run(f"{name}-search", 120, "tune", "--device", self.dev, *img, "--memory-limit", limit,
+                              "--search-only", "--strategy", "binsearch", "--margin", "0.1", "--json", "-", env=env)
+        try:
+            n = int(search.json()["max_batch_size"])
+        except (ValueError, KeyError, TypeError):
+            n = 0
+        probes = []
+        if n > 0:
+            base = ["probe", "--device", self.dev, *img, "--memory-limit", limit, "--steps", "2", "--json", "-"]
+            for label, batch in (("largest", n), ("larger", clearly_larger(n))):
+                probes.append(self.cli_run(f"{name}-{label}", 60, *base, "--batch-size", str(batch), env=env))
+        earlier = self.results.get("boundary-search")
+        status, detail, figures = verdict_expandable(search, *(probes or [None, None]), self.gpu,
+                                                     earlier.get("max_batch_size") if isinstance(earlier, dict) else None)
+        self.row(Row(name, status, detail, figures, time.monotonic() - start))
+
+    def cli_checkpointing(self) -> None:
+        """`probe --model gpt --checkpointing on` against off at one batch:
+        both fit, and the peak with the blocks recomputed is clearly lower."""
+        name = "cli-checkpointing"
+        if not self.enough_time(name):
+            return
+        gpt = (["--model", "gpt", "--input", "int64:1024", "--vocab", "2048", "--layers", "6", "--heads", "8",
+                "--width", "512", "--batch-size", "8", "--amp", "bf16", "--steps", "3"] if self.gpu else
+               ["--model", "gpt", "--input", "int64:128", "--vocab", "512", "--layers", "4", "--heads", "2",
+                "--width", "64", "--batch-size", "16", "--amp", "off", "--steps", "1", "--min-time", "0"])
+        start = time.monotonic()
+        runs = [self.cli_run(f"{name}-{mode}", 90, "probe", "--device", self.dev, *gpt, "--checkpointing", mode,
+                             "--json", "-") for mode in ("off", "on")]
+        status, detail, figures = verdict_cli_checkpointing(*runs)
+        self.row(Row(name, status, detail, figures, time.monotonic() - start))
 
     def tune_memory(self, img: List[str]) -> None:
         name = "tune-memory"
@@ -381,6 +497,11 @@ class Checks:
         self.job_check("lightning", 180, verdict_lightning, ["lightning"])
         self.job_check("lightning-adapt-fp16", 300, verdict_lightning_adapt, ["lightning", "--adapt-fp16"], gpu)
         self.job_check("hf", 180, verdict_hf, ["hf"])
+        # The paths later issues added from Python: lengths and the token
+        # budget, a compiled model, checkpointing="auto".
+        self.job_check("py-lengths", 180 if gpu else 240, verdict_py_lengths, ["lengths"])
+        self.job_check("py-compile", 240 if gpu else 300, verdict_py_compile, ["compile"], gpu)
+        self.job_check("py-checkpointing", 180 if gpu else 240, verdict_py_checkpointing, ["checkpointing"])
 
     def py_tune(self) -> None:
         """batchtune.tune leaves no trace, and its answer holds in fresh

@@ -8,6 +8,9 @@ object, the last line of its stdout; `verdicts.py` judges it.
     python_jobs.py trainer --device D                  Trainer: bf16, fp16, an out-of-memory mid-step
     python_jobs.py lightning --device D [--adapt-fp16] the Lightning callback
     python_jobs.py hf --device D                       tune_training_args and 20 steps
+    python_jobs.py lengths --device D                  tune(lengths=...), TokenBudgetSampler steps
+    python_jobs.py compile --device D                  a torch.compile'd model tuned against eager
+    python_jobs.py checkpointing --device D            checkpointing="auto": its choice and reason
 
 On "cuda" the sizes are a GPU's (torchvision's ResNet-50 at 3x224x224); on
 "cpu" the rehearsal's, the CPU standing in at small sizes under batchtune's
@@ -48,20 +51,45 @@ class Sizes:
     lightning_steps: int
     hf_limit: str
     hf_length: int
+    lm: "LMSizes"      # the transformer of the lengths, compile and checkpointing rows
+
+
+@dataclass(frozen=True)
+class LMSizes:
+    vocab: int
+    width: int
+    heads: int
+    layers: int
+    longest: int       # py-lengths: the longest sequence (its corpus is ragged below it)
+    samples: int       # py-lengths: the corpus's sequences
+    length: int        # py-compile, py-checkpointing: every sequence's length
+    limit: str         # the memory limit of their tunes (a cap on CUDA, emulated on the CPU)
+    amp: str
+    time_budget: float  # each tune's (py-checkpointing's "auto": twice, half to each configuration)
+    steps: int         # py-lengths: the Trainer's steps by the token budget
+    backend: str       # py-compile: torch.compile's backend
 
 
 SIZES = {
     "cuda": Sizes(arch="resnet50", image=224, limit="3GiB", amp="bf16", time_budget=60,
                   small_image=64, micro=64, steps=10, lightning_arch="resnet18",
                   lightning_image=64, lightning_limit="1GiB",
-                  lightning_target=1024, lightning_steps=30, hf_limit="2GiB", hf_length=256),
+                  lightning_target=1024, lightning_steps=30, hf_limit="2GiB", hf_length=256,
+                  lm=LMSizes(vocab=4096, width=512, heads=8, layers=4, longest=512, samples=2000,
+                             length=256, limit="2GiB", amp="bf16", time_budget=15, steps=10,
+                             backend="inductor")),
     # Lightning's fits train a small convnet on the CPU: a torchvision model's
     # steps there take seconds on two shared cores, and its tune starts at
     # batch 1, where ResNet's last batch norm at 32x32 sees one value a channel.
     "cpu": Sizes(arch="resnet18", image=32, limit="256MiB", amp="off", time_budget=120,
                  small_image=32, micro=8, steps=3, lightning_arch="convnet",
                  lightning_image=32, lightning_limit="16MiB",
-                 lightning_target=64, lightning_steps=20, hf_limit="24MiB", hf_length=16),
+                 lightning_target=64, lightning_steps=20, hf_limit="24MiB", hf_length=16,
+                 # aot_eager: traced forward and backward, no code generated (inductor's
+                 # C++ kernels take minutes to build on two shared cores).
+                 lm=LMSizes(vocab=256, width=64, heads=2, layers=2, longest=96, samples=1000,
+                            length=32, limit="24MiB", amp="off", time_budget=40, steps=6,
+                            backend="aot_eager")),
 }
 
 # Lightning's "16-mixed" runs only on CUDA (on the CPU Lightning takes bf16).
@@ -341,8 +369,232 @@ def job_hf(args) -> Dict[str, Any]:
             "max_steps": 20}
 
 
+# ------------------------------------------------------------------ a small causal transformer
+# (the rows of the paths the other issues added: lengths, compile, checkpointing)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm causal transformer block, attention by
+    `scaled_dot_product_attention` (fused on a GPU): what checkpointing
+    recomputes."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 4 * width)
+        self.down = torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, w))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class CausalLM(torch.nn.Module):
+    def __init__(self, lm: LMSizes, longest: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(lm.vocab, lm.width)
+        self.pos = torch.nn.Embedding(longest, lm.width)
+        self.blocks = torch.nn.Sequential(*[Block(lm.width, lm.heads) for _ in range(lm.layers)])
+        self.norm = torch.nn.LayerNorm(lm.width)
+        self.head = torch.nn.Linear(lm.width, lm.vocab)
+
+    def forward(self, ids):
+        h = self.embed(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return self.head(self.norm(self.blocks(h)))
+
+
+def causal_lm(device: str, longest: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return CausalLM(SIZES[device].lm, longest).to(device)
+
+
+def lm_loss(model, batch):
+    """A causal LM's per-token mean: labels shifted, padding (-100) ignored."""
+    logits = model(batch["input_ids"])[:, :-1]
+    labels = batch["labels"][:, 1:]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                             labels.reshape(-1), ignore_index=-100)
+
+
+def label_tokens(batch):
+    return (batch["labels"][:, 1:] != -100).sum()
+
+
+def lm_batch(vocab: int, n: int, length: int):
+    ids = torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(n * 7919 + length))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def ragged_corpus(n: int, longest: int, vocab: int, mean: int = 24, shortest: int = 8):
+    """Lengths as text has them (exponential around `mean`, most short, the
+    first at the longest) and a sample of each: (lengths, samples)."""
+    import random
+    rng = random.Random(0)
+    lengths = [min(longest, max(shortest, int(rng.expovariate(1 / mean)))) for _ in range(n)]
+    lengths[0] = longest
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for length in lengths:
+        ids = torch.randint(0, vocab, (length,), generator=g)
+        samples.append({"input_ids": ids, "labels": ids.clone()})
+    return lengths, samples
+
+
+@contextlib.contextmanager
+def capped(device: str, limit: str):
+    """Training under the tune's limit: the emulated device memory on the CPU;
+    on a GPU the caching allocator's fraction at the limit (more than the
+    tune's own cap, which leaves the context and the reserve out), put back
+    after."""
+    import batchtune
+    if device != "cuda":
+        with batchtune.emulated_memory(limit):
+            yield
+        return
+    units = {"GiB": 1 << 30, "MiB": 1 << 20}
+    limit_bytes = int(float(limit[:-3]) * units[limit[-3:]])
+    index = torch.cuda.current_device()
+    before = torch.cuda.get_per_process_memory_fraction(index)
+    torch.cuda.set_per_process_memory_fraction(
+        min(1.0, limit_bytes / torch.cuda.get_device_properties(index).total_memory), index)
+    torch.cuda.reset_peak_memory_stats(index)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, index)
+
+
+def peak_allocated(device: str) -> Optional[int]:
+    return torch.cuda.max_memory_allocated() if device == "cuda" else None
+
+
+def job_lengths(args) -> Dict[str, Any]:
+    """tune(..., lengths=...) of a causal LM over a ragged corpus: the search
+    at the longest length, the length phase at shorter ones, a plan with a
+    token budget and its length buckets; then `Trainer(loss_items=...)`
+    takes steps of the micro-batches `TokenBudgetSampler` cuts by it, under
+    the tune's limit, with no out-of-memory."""
+    import batchtune
+    lm = SIZES[args.device].lm
+    lengths, samples = ragged_corpus(lm.samples, lm.longest, lm.vocab, mean=max(24, lm.longest // 5))
+    model = causal_lm(args.device, lm.longest)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seen: List[int] = []
+
+    def make_batch(n, length):
+        seen.append(length)
+        return lm_batch(lm.vocab, n, length)
+
+    start = time.monotonic()
+    result = batchtune.tune(model, optimizer, lm_loss, make_batch, lengths=lengths, device=args.device,
+                            memory_limit=lm.limit, amp=lm.amp, time_budget=lm.time_budget, base_batch=8,
+                            sweep=False, report=None)
+    tune_s = time.monotonic() - start
+    plan = result.plan
+    sampler = batchtune.TokenBudgetSampler(lengths, plan, seed=0)
+    loader = torch.utils.data.DataLoader(samples, batch_sampler=sampler, collate_fn=batchtune.pad_collate)
+    losses, micro, over = [], 0, 0
+    asked = min(lm.steps, len(sampler.steps()))  # an epoch of a small corpus may hold fewer
+    with capped(args.device, lm.limit):
+        trainer = batchtune.Trainer(model, optimizer, lm_loss, plan, loss_items=label_tokens)
+        for step in sampler.group(loader):
+            micro += len(step)
+            over += sum(b["input_ids"].numel() > plan.token_budget for b in step)
+            losses.append(trainer.step(micro_batches=step))
+            if len(losses) == asked:
+                break
+        peak = peak_allocated(args.device)
+    model_fit = result.memory_model or {}
+    return {"longest": lm.longest, "samples": len(lengths), "mean_length": sum(lengths) / len(lengths),
+            "seen_lengths": sorted(set(seen)), "token_budget": plan.token_budget,
+            "tokens_per_step": plan.tokens_per_step, "length_buckets": plan.length_buckets,
+            "max_batch_size": result.max_batch_size, "complete": result.complete,
+            "per_token_bytes": model_fit.get("per_token_bytes"), "fit_error": model_fit.get("fit_error"),
+            "tune_seconds": tune_s, "steps_asked": asked, "steps": len(losses), "micro_batches": micro,
+            "micro_batches_over_budget": over, "losses": losses,
+            "finite": bool(losses) and all(math.isfinite(x) for x in losses),
+            "recoveries": list(trainer.recoveries), "peak_allocated_bytes": peak, "memory_limit": lm.limit,
+            "amp": lm.amp}
+
+
+def job_compile(args) -> Dict[str, Any]:
+    """The causal LM tuned eager, then compiled (`torch.compile`: inductor on
+    a GPU, aot_eager on the CPU), each a binsearch to the single sample under
+    the same limit: the compiled tune reports its compile seconds apart, few
+    graphs compiled inside its trials, a largest batch at least the eager
+    one's, and leaves the model's state as it found it."""
+    import batchtune
+    lm = SIZES[args.device].lm
+
+    def make_batch(n):
+        return lm_batch(lm.vocab, n, lm.length)
+
+    def tune(model, optimizer):
+        start = time.monotonic()
+        r = batchtune.tune(model, optimizer, lm_loss, make_batch, device=args.device, memory_limit=lm.limit,
+                           amp=lm.amp, strategy="binsearch", sweep=False, time_budget=lm.time_budget,
+                           base_batch=8, report=None)
+        return r, time.monotonic() - start
+
+    eager_model = causal_lm(args.device, lm.length)
+    eager, eager_s = tune(eager_model, torch.optim.AdamW(eager_model.parameters(), lr=1e-3))
+    del eager_model
+    model = causal_lm(args.device, lm.length)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = [t.detach().clone() for t in state_tensors(model, optimizer)]
+    compiled, compiled_s = tune(torch.compile(model, backend=lm.backend), optimizer)
+    after = state_tensors(model, optimizer)
+    record = compiled.to_dict().get("compile") or {}
+    return {"backend": lm.backend, "model": f"causal LM {lm.layers}x{lm.width}, {lm.length} tokens",
+            "memory_limit": lm.limit, "amp": lm.amp,
+            "eager_max_batch_size": eager.max_batch_size, "eager_complete": eager.complete,
+            "eager_compile_seconds": eager.compile_seconds, "eager_seconds": eager_s,
+            "max_batch_size": compiled.max_batch_size, "complete": compiled.complete,
+            "compile_seconds": compiled.compile_seconds, "recompiles": compiled.recompiles,
+            "graphs": record.get("graphs"), "seconds": compiled_s,
+            "trials": [[t.batch_size, t.fits, t.failure] for t in compiled.trials],
+            "state_identical": len(before) == len(after) and all(
+                a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(before, after))}
+
+
+def job_checkpointing(args) -> Dict[str, Any]:
+    """checkpointing="auto" over the causal LM's blocks: a tune without
+    activation checkpointing and one with it, each on half the budget; the
+    plan keeps it or not and says why in one reason with both largest
+    batches, and the model is left recomputing only where it is kept."""
+    import batchtune
+    lm = SIZES[args.device].lm
+
+    def make_batch(n):
+        return lm_batch(lm.vocab, n, lm.length)
+
+    model = causal_lm(args.device, lm.length)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = time.monotonic()
+    result = batchtune.tune(model, optimizer, lm_loss, make_batch, device=args.device, memory_limit=lm.limit,
+                            amp=lm.amp, checkpointing="auto", checkpoint_modules=[Block],
+                            time_budget=2 * lm.time_budget, base_batch=8, report=None)
+    seconds = time.monotonic() - start
+    reasons = [r for r in result.plan.reasons if r.startswith("checkpointing fits ")]
+    return {"model": f"causal LM {lm.layers}x{lm.width}, {lm.length} tokens", "memory_limit": lm.limit,
+            "amp": lm.amp, "blocks": lm.layers, "checkpointing": result.plan.checkpointing,
+            "checkpoint_modules": list(result.plan.checkpoint_modules or []),
+            "in_plan_json": "checkpointing" in result.to_dict()["plan"],
+            "reason": reasons[0] if reasons else None, "reasons_found": len(reasons),
+            "recomputing": sum("forward" in m.__dict__ for m in model.modules() if isinstance(m, Block)),
+            "max_batch_size": result.max_batch_size, "chosen_batch_size": result.plan.micro_batch_size,
+            "seconds": seconds}
+
+
 JOBS = {"tune": job_tune, "probe": job_probe, "trainer": job_trainer, "lightning": job_lightning,
-        "hf": job_hf}
+        "hf": job_hf, "lengths": job_lengths, "compile": job_compile, "checkpointing": job_checkpointing}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -402,3 +403,304 @@ def verdict_hf(o: Outcome) -> Verdict:
             f'loss {r["training_loss"]:.3f}; tune {r["tune_seconds"]:.1f} s',
             {k: r[k] for k in ("max_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps",
                                "bf16", "global_step", "training_loss", "tune_seconds")})
+
+
+# ------------------------------------------------------------------ the paths later issues added
+# (the CLI's --adapt, text by a token budget, expandable segments and
+# --checkpointing; from Python lengths, a compiled model, checkpointing="auto")
+
+# A batch_schedule entry as the CLI writes it (docs/manual.md, `train --adapt`).
+SCHEDULE_FIELDS = ("step", "global_batch_size", "micro_batch_size", "accumulation_steps", "lr", "noise_scale",
+                   "reason")
+# Recomputing the blocks must cut the peak by at least this share: at the
+# rows' sizes the blocks' activations are more than half the peak and
+# recomputing keeps only each block's input, so a real recompute cuts far
+# more; a peak a few percent lower would mean the activations were kept.
+CHECKPOINTING_PEAK_CUT = 0.2
+# A compiled model's largest batch against the eager one's, each a binsearch
+# to the single sample under the same limit: inductor's partitioner saves no
+# more for the backward than eager does (it recomputes cheap pointwise ops
+# instead), and aot_eager runs eager's kernels, so the compiled answer is at
+# least the eager one's but for the boundary's own spread: the allocator's
+# rounding of blocks and the kernels' workspaces move the largest batch by a
+# few percent between two searches of the same step (tests/python/test_compile.py
+# allows 5 % for the same reason).
+COMPILE_TOLERANCE = 0.05
+# Graphs compiled inside the trials, after the compile phase: 0 where the batch
+# dimension stays dynamic (aot_eager); inductor may guard on a size it
+# specialises once (the convnet of docs/benchmarks.md recompiled once). More
+# than 2 in a search of a dozen sizes means the batch is not dynamic.
+MAX_RECOMPILES = 2
+
+
+def adapt_changes(o: Outcome) -> int:
+    """The log lines of --adapt's changes of an image run's global batch,
+    wherever the CLI printed them (stderr when the JSON goes to stdout)."""
+    return sum(1 for line in (o.out + "\n" + o.err).splitlines()
+               if line.startswith("adapt: global batch ") and "->" in line)
+
+
+def schedule_problems(schedule: Sequence[Dict], start: int, steps: int, images: bool = True) -> list:
+    """What is wrong with a `batch_schedule`: there, the first entry the start
+    (step 0, the starting global batch, no noise scale read), every entry with
+    the CLI's fields, its steps increasing within the run, each change read a
+    positive noise scale and says why; for images the global batch is the
+    micro-batch times the accumulation (per rank)."""
+    if not schedule:
+        return ["no batch_schedule in the JSON"]
+    problems = []
+    missing = sorted({f for entry in schedule for f in SCHEDULE_FIELDS if f not in entry})
+    if missing:
+        return [f"batch_schedule entries lack {', '.join(missing)}"]
+    first = schedule[0]
+    if first["step"] != 0 or first["global_batch_size"] != start:
+        problems.append(f'the schedule starts at step {first["step"]} with {first["global_batch_size"]}, '
+                        f'not at step 0 with {start}')
+    steps_at = [e["step"] for e in schedule]
+    if steps_at != sorted(set(steps_at)) or steps_at[-1] >= steps:
+        problems.append(f"the schedule's steps {steps_at} do not increase within {steps} steps")
+    for e in schedule[1:]:
+        ns = e["noise_scale"]
+        if ns is None or not math.isfinite(ns) or ns <= 0 or not e["reason"]:
+            problems.append(f'the change at step {e["step"]} read noise scale {ns}, reason "{e["reason"]}"')
+    for e in schedule:
+        if not (math.isfinite(e["lr"]) and e["lr"] > 0) or (
+                images and e["global_batch_size"] % (e["micro_batch_size"] * e["accumulation_steps"]) != 0):
+            problems.append(f'entry at step {e["step"]}: global {e["global_batch_size"]} = '
+                            f'{e["micro_batch_size"]} x {e["accumulation_steps"]}?, lr {e["lr"]}')
+    return problems
+
+
+def describe_schedule(schedule: Sequence[Dict]) -> str:
+    return " -> ".join(f'{e["global_batch_size"]}@{e["step"]}' for e in schedule) or "none"
+
+
+@guarded
+def verdict_train_adapt(o: Outcome, start: int, steps: int, gpu: bool) -> Verdict:
+    """`train --adapt` (bf16, pinned memory, two workers): every step ran with
+    a finite loss, the noise scale the adapter decides by was measured, and
+    the batch schedule is as the CLI writes it, one log line per change."""
+    r = o.json()
+    schedule = r.get("batch_schedule") or []
+    problems = []
+    if not (o.rc == 0 and r["complete"] and r["steps"] == steps and math.isfinite(r["final_loss"])):
+        problems.append(f'exit {o.rc}, complete {r["complete"]}, {r["steps"]} of {steps} steps, '
+                        f'loss {r["final_loss"]}')
+    problems += schedule_problems(schedule, start, steps)
+    ns = r.get("noise_scale")
+    if ns is None or not math.isfinite(ns) or ns <= 0:
+        problems.append(f'no noise scale to decide by: {ns} ({r.get("noise_scale_note")})')
+    lines = adapt_changes(o)
+    if schedule and lines != len(schedule) - 1:
+        problems.append(f"{lines} 'adapt:' log lines for {len(schedule) - 1} change(s)")
+    figures = {"steps": r["steps"], "final_loss": r["final_loss"], "noise_scale": ns,
+               "samples_per_s": r.get("samples_per_s"), "oom_recoveries": r.get("oom_recoveries"),
+               "changes": max(0, len(schedule) - 1), "schedule": [[e.get("step"), e.get("global_batch_size")]
+                                                                   for e in schedule]}
+    detail = "; ".join(problems) if problems else (
+        f'{r["steps"]} steps, loss {r["final_loss"]:.3f}, noise scale {ns:.4g}; global batch '
+        f'{describe_schedule(schedule)} ({len(schedule) - 1} change(s), each logged); '
+        f'{r["samples_per_s"]:.0f} samples/s, {r["oom_recoveries"]} recoveries'
+        + ("" if gpu else "; CPU: pinned memory does not apply, the plan keeps it off"))
+    return PASS if not problems else FAIL, detail, figures
+
+
+def verdict_train_text(first: Outcome, resumed: Outcome, first_steps: int, total_steps: int, tokens: int,
+                       saved: bool) -> Verdict:
+    """`train --data text:DIR --adapt` with a checkpoint, then `--resume` from
+    it asking for more steps: both runs finish with finite losses; the resume
+    goes on from the checkpoint's step (`resumed_from_step` and its log
+    line), to the steps asked, with the schedule the first run had. (The
+    JSON's `token_budget` is the budget at the end, which --adapt moves.)"""
+    for label, o in (("first run", first), ("resume", resumed)):
+        if o.timed_out:
+            return FAIL, f"{label}: timed out after {o.seconds:.0f} s", {}
+    try:
+        a, b = first.json(), resumed.json()
+    except ValueError as e:
+        bad = first if first.rc != 0 else resumed
+        return unreadable(bad, e)
+    problems = []
+    for label, o, r, steps in (("first run", first, a, first_steps), ("resume", resumed, b, total_steps)):
+        if not (o.rc == 0 and r.get("complete") and r.get("steps") == steps
+                and math.isfinite(r.get("final_loss", math.nan)) and (r.get("tokens_per_s") or 0) > 0):
+            problems.append(f'{label}: exit {o.rc}, complete {r.get("complete")}, {r.get("steps")} of {steps} '
+                            f'steps, loss {r.get("final_loss")}, {r.get("tokens_per_s")} tokens/s')
+    if not saved:
+        problems.append("the first run wrote no checkpoint.pt")
+    if b.get("resumed_from_step") != first_steps or b.get("already_finished"):
+        problems.append(f'the resume went on from step {b.get("resumed_from_step")}, not the checkpoint\'s '
+                        f'{first_steps}' + (" (already finished)" if b.get("already_finished") else ""))
+    said = [line for line in resumed.err.splitlines() if line.startswith("resumed from ")]
+    if not said or f"at step {first_steps} " not in said[0]:
+        problems.append(f"the resume said {said[:1] or 'nothing'} about where it went on from")
+    sa, sb = a.get("batch_schedule") or [], b.get("batch_schedule") or []
+    problems += [f"first run: {p}" for p in schedule_problems(sa, tokens, first_steps, images=False)]
+    problems += [f"resume: {p}" for p in schedule_problems(sb, tokens, total_steps, images=False)]
+    if sa and [e for e in sb if e.get("step", 0) < first_steps] != sa:
+        problems.append(f"the resume's schedule {describe_schedule(sb)} does not continue "
+                        f"{describe_schedule(sa)}")
+    figures = {"first_steps": a.get("steps"), "resumed_from_step": b.get("resumed_from_step"),
+               "steps": b.get("steps"), "token_budget": b.get("token_budget"),
+               "target_tokens": b.get("target_tokens"), "tokens_per_s": [a.get("tokens_per_s"), b.get("tokens_per_s")],
+               "final_loss": [a.get("final_loss"), b.get("final_loss")],
+               "schedule": [[e.get("step"), e.get("global_batch_size")] for e in sb],
+               "oom_recoveries": [a.get("oom_recoveries"), b.get("oom_recoveries")]}
+    if problems:
+        return FAIL, "; ".join(problems), figures
+    return (PASS,
+            f'{a["steps"]} steps ({tokens} real tokens a step to start, loss {a["final_loss"]:.3f}), checkpoint, '
+            f'then --resume from step {b["resumed_from_step"]} to {b["steps"]} (loss {b["final_loss"]:.3f}); '
+            f'schedule in tokens {describe_schedule(sb)}; {b["tokens_per_s"]:.0f} tokens/s', figures)
+
+
+def verdict_expandable(search: Outcome, largest: Optional[Outcome], larger: Optional[Outcome], gpu: bool,
+                       boundary_n: Optional[int] = None) -> Verdict:
+    """The boundary under `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`:
+    the search completes with a largest batch N, N fits in a fresh process,
+    ceil(1.25 N) does not (out of memory or over the budget). On the CPU the
+    variable is set and ignored: the row says so."""
+    status, detail, figures = verdict_max(search)
+    note = "" if gpu else " (CPU: PYTORCH_CUDA_ALLOC_CONF set, which the CPU's allocator ignores)"
+    figures = dict(figures, boundary_max_batch_size=boundary_n)
+    if status != PASS:
+        return FAIL, f"search: {detail}{note}", figures
+    if largest is None or larger is None:
+        return FAIL, f"no probes after the search: {detail}{note}", figures
+    fit_status, fit_detail, fit_figures = verdict_fits(largest)
+    next_status, next_detail, next_figures = verdict_next(larger)
+    figures.update(largest_peak_bytes=fit_figures.get("peak_bytes"), larger_batch=next_figures.get("batch_size"),
+                   larger_failure=next_figures.get("failure"))
+    ok = fit_status == PASS and next_status == PASS
+    return (PASS if ok else FAIL,
+            f'{detail}; largest {figures["max_batch_size"]}: {fit_detail}; {next_detail}'
+            + (f"; without expandable segments the search found {boundary_n}" if boundary_n else "") + note,
+            figures)
+
+
+def verdict_cli_checkpointing(off: Outcome, on: Outcome) -> Verdict:
+    """`probe --model gpt --checkpointing on` against off at one batch: both
+    fit, and the peak with the blocks recomputed is at least
+    CHECKPOINTING_PEAK_CUT below the peak without."""
+    for label, o in (("off", off), ("on", on)):
+        if o.timed_out:
+            return FAIL, f"--checkpointing {label}: timed out after {o.seconds:.0f} s", {}
+    try:
+        a, b = off.json(), on.json()
+        peak_off, peak_on = a["peak_bytes"], b["peak_bytes"]
+    except (ValueError, KeyError, TypeError) as e:
+        return unreadable(off if off.rc != 0 else on, e)
+    figures = {"batch_size": a.get("batch_size"), "peak_off_bytes": peak_off, "peak_on_bytes": peak_on,
+               "ratio": peak_on / peak_off if peak_off else None,
+               "step_ms": [a.get("step_ms"), b.get("step_ms")]}
+    fits = (off.rc == 0 and on.rc == 0 and a.get("fits") and b.get("fits") and a.get("failure") is None
+            and b.get("failure") is None)
+    if not fits:
+        return (FAIL, f'off: exit {off.rc}, fits {a.get("fits")} {a.get("failure")}; on: exit {on.rc}, fits '
+                      f'{b.get("fits")} {b.get("failure")}: {(b.get("error") or a.get("error") or "")[:120]}', figures)
+    ok = peak_on <= (1 - CHECKPOINTING_PEAK_CUT) * peak_off
+    slower = (b["step_ms"] / a["step_ms"]) if a.get("step_ms") else float("nan")
+    return (PASS if ok else FAIL,
+            f'batch {a["batch_size"]}: peak {mib(peak_on)} with --checkpointing on against {mib(peak_off)} off '
+            f'({peak_on / peak_off:.2f}x; at most {1 - CHECKPOINTING_PEAK_CUT:.2f}x wanted), step '
+            f'{slower:.2f}x the time', figures)
+
+
+@guarded
+def verdict_py_lengths(o: Outcome) -> Verdict:
+    """tune(lengths=...) searched at the longest length and ran the length
+    phase at shorter ones; the plan's token budget covers every bucket
+    (micro-batch x its longest length within it), the last bucket the
+    longest; then Trainer took its steps of the sampler's micro-batches,
+    none over the budget, finite, with no out-of-memory under the limit."""
+    r = o.last_json()
+    buckets, budget, seen = r["length_buckets"] or [], r["token_budget"] or 0, r["seen_lengths"]
+    problems = []
+    if o.rc != 0:
+        problems.append(f"exit {o.rc}")
+    if budget <= 0 or not buckets or buckets[-1]["max_length"] != r["longest"]:
+        problems.append(f'token budget {budget}, buckets {buckets}')
+    over = [b for b in buckets if b["micro_batch_size"] * b["max_length"] > budget]
+    if over:
+        problems.append(f"buckets over the budget {budget}: {over}")
+    if not seen or max(seen) != r["longest"] or min(seen) >= r["longest"]:
+        problems.append(f'the trials ran at lengths {seen}, not the longest {r["longest"]} and shorter')
+    if not (r["steps"] == r["steps_asked"] >= 2 and r["finite"] and not r["recoveries"]
+            and r["micro_batches_over_budget"] == 0):
+        problems.append(f'Trainer: {r["steps"]} of {r["steps_asked"]} steps, finite {r["finite"]}, '
+                        f'{len(r["recoveries"])} recoveries, {r["micro_batches_over_budget"]} micro-batches '
+                        f'over the budget')
+    figures = {k: r.get(k) for k in ("token_budget", "tokens_per_step", "length_buckets", "max_batch_size",
+                                     "per_token_bytes", "fit_error", "tune_seconds", "steps", "micro_batches",
+                                     "peak_allocated_bytes", "recoveries")}
+    if problems:
+        return FAIL, "; ".join(problems), figures
+    peak = r.get("peak_allocated_bytes")
+    return (PASS,
+            f'token budget {budget} ({len(buckets)} buckets, longest {r["longest"]}: micro-batch '
+            f'{buckets[-1]["micro_batch_size"]}; lengths {min(seen)}-{max(seen)} tried, {r["tune_seconds"]:.1f} s); '
+            f'Trainer: {r["steps"]} steps of {r["micro_batches"]} micro-batches, loss {r["losses"][-1]:.3f}, '
+            f'no out-of-memory under {r["memory_limit"]}' + (f" (peak {mib(peak)})" if peak else ""), figures)
+
+
+@guarded
+def verdict_py_compile(o: Outcome, gpu: bool) -> Verdict:
+    """A torch.compile'd model tuned as it trains: the compile seconds apart
+    (the eager tune has none), at most MAX_RECOMPILES graphs inside the
+    trials, a largest batch at least (1 - COMPILE_TOLERANCE) x the eager
+    one's, the model's state as found; inductor on a GPU."""
+    r = o.last_json()
+    eager, compiled = r["eager_max_batch_size"], r["max_batch_size"]
+    problems = []
+    if o.rc != 0 or not (r["complete"] and r["eager_complete"]) or eager <= 0 or compiled <= 0:
+        problems.append(f'exit {o.rc}: largest batch {compiled} compiled (complete {r["complete"]}), {eager} eager '
+                        f'(complete {r["eager_complete"]})')
+    if r["eager_compile_seconds"] is not None or not (r["compile_seconds"] or 0) > 0 or not (r["graphs"] or 0) >= 1:
+        problems.append(f'compile seconds {r["compile_seconds"]} ({r["graphs"]} graphs), eager\'s '
+                        f'{r["eager_compile_seconds"]}')
+    if r["recompiles"] is None or r["recompiles"] > MAX_RECOMPILES:
+        problems.append(f'{r["recompiles"]} recompiles inside the trials (at most {MAX_RECOMPILES})')
+    if compiled < math.floor((1 - COMPILE_TOLERANCE) * eager):
+        problems.append(f"compiled {compiled} below the eager {eager} by more than {COMPILE_TOLERANCE:.0%}")
+    if not r["state_identical"]:
+        problems.append("the model's or optimizer's state changed")
+    if gpu and r["backend"] != "inductor":
+        problems.append(f'backend {r["backend"]}, not inductor')
+    figures = {k: r.get(k) for k in ("backend", "eager_max_batch_size", "max_batch_size", "compile_seconds",
+                                     "recompiles", "graphs", "seconds", "eager_seconds", "state_identical")}
+    figures["ratio"] = compiled / eager if eager > 0 else None
+    if problems:
+        return FAIL, "; ".join(problems), figures
+    return (PASS,
+            f'{r["model"]}, {r["backend"]}, {r["amp"]} under {r["memory_limit"]}: largest batch {compiled} compiled '
+            f'against {eager} eager ({compiled / eager:.2f}x); compile {r["compile_seconds"]:.1f} s apart '
+            f'({r["graphs"]} graphs, {r["recompiles"]} recompiles); tune {r["seconds"]:.0f} s; state as found',
+            figures)
+
+
+@guarded
+def verdict_py_checkpointing(o: Outcome) -> Verdict:
+    """checkpointing="auto" says in one reason what each configuration fits
+    and which it kept; the plan (and its JSON) and the model agree with it;
+    recomputing the blocks fits the larger batch."""
+    r = o.last_json()
+    reason = r["reason"] or ""
+    m = re.match(r"checkpointing fits (\d+) against (\d+)", reason)
+    kept = reason.endswith("kept on")
+    problems = []
+    if o.rc != 0 or r["reasons_found"] != 1 or m is None or not (kept or "kept off" in reason):
+        problems.append(f'exit {o.rc}: {r["reasons_found"]} checkpointing reason(s): "{reason}"')
+    on, off = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    if m and on <= off:
+        problems.append(f"recomputing fits {on}, no more than {off} without")
+    want = "on" if kept else "off"
+    if (r["checkpointing"] or "off") != want or r["in_plan_json"] != kept:
+        problems.append(f'the plan says {r["checkpointing"]} (in its JSON {r["in_plan_json"]}), the reason {want}')
+    if r["recomputing"] != (r["blocks"] if kept else 0):
+        problems.append(f'{r["recomputing"]} of {r["blocks"]} blocks left recomputing with checkpointing {want}')
+    figures = {"fits_on": on, "fits_off": off, "kept": want, "reason": reason, "max_batch_size": r["max_batch_size"],
+               "chosen_batch_size": r["chosen_batch_size"], "seconds": r["seconds"]}
+    if problems:
+        return FAIL, "; ".join(problems), figures
+    return (PASS, f'{r["model"]} under {r["memory_limit"]}: "{reason}"; plan micro-batch {r["chosen_batch_size"]}, '
+                  f'{r["recomputing"]} blocks recomputing; {r["seconds"]:.0f} s', figures)

@@ -307,3 +307,222 @@ def test_gpu_check_refuses_a_part_it_does_not_have():
     o = subprocess.run([str(ROOT / "scripts" / "gpu-check"), "--part", "3"], capture_output=True, text=True,
                        timeout=30)
     assert o.returncode == 2 and "--part needs 1 or 2" in o.stderr
+
+
+# ---------------------------------------------------------------- the paths later issues added, on made-up outputs
+
+
+def schedule(*changes, start=64):
+    """A batch_schedule as the CLI writes it: the start, then (step, batch) changes."""
+    entries = [{"step": 0, "global_batch_size": start, "micro_batch_size": start, "accumulation_steps": 1,
+                "lr": 1e-3, "noise_scale": None, "reason": "the plan's global batch"}]
+    for step, batch in changes:
+        entries.append({"step": step, "global_batch_size": batch, "micro_batch_size": batch,
+                        "accumulation_steps": 1, "lr": 1e-3, "noise_scale": 250.0,
+                        "reason": f"global batch {batch}: more goodput"})
+    return entries
+
+
+def adapt_summary(**kw):
+    doc = {"steps": 60, "complete": True, "final_loss": 2.1, "noise_scale": 310.0, "noise_scale_note": None,
+           "samples_per_s": 5000.0, "oom_recoveries": 0, "batch_schedule": schedule((20, 128))}
+    return dict(doc, **kw)
+
+
+def with_log(doc, changes):
+    """The CLI's outcome with --json -: the JSON on stdout, the log on stderr."""
+    log = "".join(f"adapt: global batch 64 -> 128 (128 x 1 per rank), lr 0.001 over 20 steps: ...\n"
+                  for _ in range(changes))
+    return Outcome(0, json.dumps(doc), "plan: ...\n" + log, 1.0)
+
+
+def test_train_adapt_wants_the_schedule_as_the_cli_writes_it_and_a_noise_scale():
+    status, detail, figures = verdicts.verdict_train_adapt(with_log(adapt_summary(), 1), 64, 60, True)
+    assert status == "pass" and figures["changes"] == 1 and figures["noise_scale"] == 310.0, detail
+    # No change at all is a decision too, where the noise scale was measured.
+    kept = adapt_summary(batch_schedule=schedule())
+    assert verdicts.verdict_train_adapt(with_log(kept, 0), 64, 60, True)[0] == "pass"
+    assert verdicts.verdict_train_adapt(with_log(adapt_summary(), 0), 64, 60, True)[0] == "fail"  # a change unlogged
+    unmeasured = adapt_summary(noise_scale=None, noise_scale_note="not positive")
+    assert verdicts.verdict_train_adapt(with_log(unmeasured, 1), 64, 60, True)[0] == "fail"
+    missing = adapt_summary()
+    del missing["batch_schedule"]
+    assert verdicts.verdict_train_adapt(with_log(missing, 0), 64, 60, True)[0] == "fail"
+    no_reason = adapt_summary(batch_schedule=schedule((20, 128)))
+    no_reason["batch_schedule"][1]["noise_scale"] = None
+    assert verdicts.verdict_train_adapt(with_log(no_reason, 1), 64, 60, True)[0] == "fail"
+    lacking = adapt_summary()
+    del lacking["batch_schedule"][0]["lr"]
+    assert "lack lr" in verdicts.verdict_train_adapt(with_log(lacking, 1), 64, 60, True)[1]
+    assert verdicts.verdict_train_adapt(with_log(adapt_summary(steps=40), 1), 64, 60, True)[0] == "fail"
+    nan = adapt_summary(final_loss=float("nan"))
+    assert verdicts.verdict_train_adapt(with_log(nan, 1), 64, 60, True)[0] == "fail"
+    elsewhere = adapt_summary(batch_schedule=schedule((20, 128), start=32))
+    assert verdicts.verdict_train_adapt(with_log(elsewhere, 1), 64, 60, True)[0] == "fail"  # not from --batch-size
+
+
+def text_run(steps, resumed_from=None, changes=((5, 512),), **kw):
+    doc = {"steps": steps, "complete": True, "final_loss": 3.2, "tokens_per_s": 90000.0, "token_budget": 4096,
+           "target_tokens": 256, "oom_recoveries": 0,
+           "batch_schedule": schedule(*[c for c in changes if c[0] < steps], start=256)}
+    for e in doc["batch_schedule"]:  # a token step: the micro-batch is a budget in padded tokens
+        e["micro_batch_size"], e["accumulation_steps"] = 4096, 1
+    if resumed_from is not None:
+        doc["resumed_from_step"] = resumed_from
+    return dict(doc, **kw)
+
+
+def resumed_outcome(doc, line="resumed from /tmp/ckpt/checkpoint.pt at step 10 (epoch 1, micro-batch 20 of it)"):
+    return Outcome(0, json.dumps(doc), f"plan: from the checkpoint in /tmp/ckpt\n{line}\n", 1.0)
+
+
+def test_train_text_wants_the_resume_to_go_on_from_the_checkpoints_step():
+    first = outcome(text_run(10))
+    resumed = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 512), (15, 1024))))
+    status, detail, figures = verdicts.verdict_train_text(first, resumed, 10, 20, 256, True)
+    assert status == "pass" and figures["resumed_from_step"] == 10, detail
+    afresh = resumed_outcome(text_run(20, changes=((5, 512), (15, 1024))), line="")  # started again
+    assert "went on from step None" in verdicts.verdict_train_text(first, afresh, 10, 20, 256, True)[1]
+    finished = resumed_outcome(text_run(10, resumed_from=10, already_finished=True))
+    assert verdicts.verdict_train_text(first, finished, 10, 20, 256, True)[0] == "fail"
+    other = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 1024),)))  # not the schedule it had
+    assert "does not continue" in verdicts.verdict_train_text(first, other, 10, 20, 256, True)[1]
+    assert verdicts.verdict_train_text(first, resumed, 10, 20, 256, False)[0] == "fail"  # no checkpoint written
+    elsewhere = resumed_outcome(text_run(20, resumed_from=10, changes=((5, 512), (15, 1024))),
+                                line="resumed from /tmp/ckpt/checkpoint.pt at step 5 (epoch 1, ...)")
+    assert "about where it went on from" in verdicts.verdict_train_text(first, elsewhere, 10, 20, 256, True)[1]
+    refused = Outcome(2, "", "batchtune: --resume: ... was written by a run with ...\n", 1.0)
+    assert verdicts.verdict_train_text(first, refused, 10, 20, 256, True)[0] == "fail"
+
+
+def probe_doc(batch, fits=True, failure=None, peak=1 << 30):
+    return {"batch_size": batch, "fits": fits, "failure": failure, "peak_bytes": peak, "usable_bytes": 3 << 30,
+            "step_ms": 40.0, "samples_per_s": batch * 25.0, "error": None if fits else "CUDA out of memory"}
+
+
+def search_doc(n):
+    return {"max_batch_size": n, "complete": True, "amp": "bf16", "usable_bytes": 3 << 30,
+            "search": {"trials": 12, "seconds": 9.0, "stop_reason": "bracket closed"}}
+
+
+def test_expandable_segments_wants_the_boundary_to_hold_under_them():
+    search = outcome(search_doc(120))
+    largest, larger = outcome(probe_doc(120)), outcome(probe_doc(150, False, "out_of_memory"))
+    status, detail, figures = verdicts.verdict_expandable(search, largest, larger, True, 118)
+    assert status == "pass" and figures["larger_batch"] == 150 and "found 118" in detail, detail
+    assert "ignores" not in detail
+    assert "ignores" in verdicts.verdict_expandable(search, largest, larger, False)[1]  # the CPU says so
+    fits_too = outcome(probe_doc(150))
+    assert verdicts.verdict_expandable(search, largest, fits_too, True)[0] == "fail"  # over-cautious
+    no_run = outcome(probe_doc(120, False, "out_of_memory"))
+    assert verdicts.verdict_expandable(search, no_run, larger, True)[0] == "fail"  # the answer did not run
+    assert verdicts.verdict_expandable(outcome(search_doc(0)), None, None, True)[0] == "fail"
+    cut = Outcome(124, "", "", 120.0, True)
+    assert verdicts.verdict_expandable(search, largest, cut, True)[0] == "fail"
+
+
+def test_cli_checkpointing_wants_a_clearly_lower_peak():
+    off, on = outcome(probe_doc(8, peak=1400 << 20)), outcome(probe_doc(8, peak=700 << 20))
+    status, detail, figures = verdicts.verdict_cli_checkpointing(off, on)
+    assert status == "pass" and figures["ratio"] == pytest.approx(0.5), detail
+    barely = outcome(probe_doc(8, peak=1300 << 20))  # 7 % lower: the activations were kept
+    assert verdicts.verdict_cli_checkpointing(off, barely)[0] == "fail"
+    failed = outcome(probe_doc(8, False, "error", peak=0))
+    assert verdicts.verdict_cli_checkpointing(off, failed)[0] == "fail"
+    refused = Outcome(2, "", "batchtune: --checkpointing: ...\n", 0.1)
+    assert verdicts.verdict_cli_checkpointing(off, refused)[0] == "fail"
+
+
+def lengths_job(**kw):
+    doc = {"longest": 512, "samples": 2000, "mean_length": 101.0, "seen_lengths": [64, 128, 256, 512],
+           "token_budget": 16384, "tokens_per_step": 16384,
+           "length_buckets": [{"max_length": 128, "micro_batch_size": 128},
+                              {"max_length": 512, "micro_batch_size": 32}],
+           "max_batch_size": 33, "complete": True, "per_token_bytes": 90000, "fit_error": 0.03,
+           "tune_seconds": 25.0, "steps_asked": 10, "steps": 10, "micro_batches": 14,
+           "micro_batches_over_budget": 0, "losses": [8.3] * 10, "finite": True, "recoveries": [],
+           "peak_allocated_bytes": 1 << 30, "memory_limit": "2GiB", "amp": "bf16"}
+    return dict(doc, **kw)
+
+
+def test_py_lengths_wants_a_budget_for_every_bucket_and_steps_without_out_of_memory():
+    status, detail, figures = verdicts.verdict_py_lengths(job(lengths_job()))
+    assert status == "pass" and figures["token_budget"] == 16384, detail
+    over = lengths_job(length_buckets=[{"max_length": 512, "micro_batch_size": 40}])
+    assert verdicts.verdict_py_lengths(job(over))[0] == "fail"
+    short = lengths_job(length_buckets=[{"max_length": 256, "micro_batch_size": 64}])
+    assert verdicts.verdict_py_lengths(job(short))[0] == "fail"  # the longest has no bucket
+    one_length = lengths_job(seen_lengths=[512])
+    assert verdicts.verdict_py_lengths(job(one_length))[0] == "fail"  # no length phase
+    recovered = lengths_job(recoveries=["step 3: out of memory"])
+    assert verdicts.verdict_py_lengths(job(recovered))[0] == "fail"
+    assert verdicts.verdict_py_lengths(job(lengths_job(steps=4)))[0] == "fail"
+    assert verdicts.verdict_py_lengths(job(lengths_job(token_budget=0)))[0] == "fail"
+
+
+def compile_job(**kw):
+    doc = {"backend": "inductor", "model": "causal LM 4x512, 256 tokens", "memory_limit": "2GiB", "amp": "bf16",
+           "eager_max_batch_size": 60, "eager_complete": True, "eager_compile_seconds": None,
+           "eager_seconds": 20.0, "max_batch_size": 66, "complete": True, "compile_seconds": 41.0,
+           "recompiles": 0, "graphs": 2, "seconds": 70.0, "trials": [], "state_identical": True}
+    return dict(doc, **kw)
+
+
+def test_py_compile_wants_the_compile_apart_few_recompiles_and_the_eager_batch():
+    status, detail, figures = verdicts.verdict_py_compile(job(compile_job()), True)
+    assert status == "pass" and figures["ratio"] == pytest.approx(1.1), detail
+    assert verdicts.verdict_py_compile(job(compile_job(max_batch_size=58)), True)[0] == "pass"  # within 5 %
+    assert verdicts.verdict_py_compile(job(compile_job(max_batch_size=50)), True)[0] == "fail"
+    assert verdicts.verdict_py_compile(job(compile_job(recompiles=5)), True)[0] == "fail"
+    assert verdicts.verdict_py_compile(job(compile_job(compile_seconds=None)), True)[0] == "fail"
+    assert verdicts.verdict_py_compile(job(compile_job(eager_compile_seconds=3.0)), True)[0] == "fail"
+    assert verdicts.verdict_py_compile(job(compile_job(state_identical=False)), True)[0] == "fail"
+    aot = compile_job(backend="aot_eager")
+    assert verdicts.verdict_py_compile(job(aot), True)[0] == "fail"   # a GPU compiles with inductor
+    assert verdicts.verdict_py_compile(job(aot), False)[0] == "pass"  # the CPU rehearsal does not
+
+
+def checkpointing_job(kept="off", **kw):
+    reason = (f"checkpointing fits 150 against 60 at 0.82x the samples/s ([0.78x, 0.86x], batch 48 against 48): "
+              + ("slower beyond the measurements' spread; kept off" if kept == "off"
+                 else "faster beyond the measurements' spread; kept on"))
+    doc = {"model": "causal LM 4x512, 256 tokens", "memory_limit": "2GiB", "amp": "bf16", "blocks": 4,
+           "checkpointing": kept, "checkpoint_modules": ["Block"] if kept == "on" else [],
+           "in_plan_json": kept == "on", "reason": reason, "reasons_found": 1,
+           "recomputing": 4 if kept == "on" else 0, "max_batch_size": 60, "chosen_batch_size": 48,
+           "seconds": 55.0}
+    return dict(doc, **kw)
+
+
+def test_py_checkpointing_wants_its_decision_and_reason_to_agree_with_the_plan_and_model():
+    for kept in ("off", "on"):
+        status, detail, figures = verdicts.verdict_py_checkpointing(job(checkpointing_job(kept)))
+        assert status == "pass" and figures["kept"] == kept and figures["fits_on"] == 150, detail
+    left_on = checkpointing_job("off", recomputing=4)  # kept off but the model still recomputes
+    assert verdicts.verdict_py_checkpointing(job(left_on))[0] == "fail"
+    plan_off = checkpointing_job("on", checkpointing="off", in_plan_json=False)
+    assert verdicts.verdict_py_checkpointing(job(plan_off))[0] == "fail"
+    no_reason = checkpointing_job(reason=None, reasons_found=0)
+    assert verdicts.verdict_py_checkpointing(job(no_reason))[0] == "fail"
+    no_gain = checkpointing_job(reason="checkpointing fits 60 against 60: kept off")
+    assert verdicts.verdict_py_checkpointing(job(no_gain))[0] == "fail"  # recomputing fitted no more
+
+
+def test_the_new_rows_are_in_their_parts(tmp_path, monkeypatch):
+    """The CLI's new rows run in part 1 (basic), the Python ones in part 2."""
+    args = type("Args", (), dict(out=str(tmp_path), work=str(tmp_path / "w"), cli="/nonexistent/batchtune",
+                                 mode="rehearse", deadline_at=time.time() + 600, python=sys.executable,
+                                 smi="nvidia-smi"))
+    run = checks.Checks(args)
+    seen = []
+    for name in ("train_adapt", "train_text", "expandable_segments", "cli_checkpointing"):
+        monkeypatch.setattr(run, name, lambda *a, name=name: seen.append(name))
+    for name in ("check", "no_context", "boundary", "tune_memory", "monitor_vs_smi", "step_scaling",
+                 "clean_errors", "py_tune"):
+        monkeypatch.setattr(run, name, lambda *a, **k: None)
+    monkeypatch.setattr(run, "job_check", lambda name, *a: seen.append(name))
+    run.run("basic")
+    assert seen == ["train_adapt", "train_text", "expandable_segments", "cli_checkpointing"]
+    seen.clear()
+    run.run("python")
+    assert seen[-3:] == ["py-lengths", "py-compile", "py-checkpointing"]
