@@ -30,7 +30,10 @@ def forward_flops_per_sample(model: torch.nn.Module, loss_fn: LossFn, make_batch
     was_training = module.training
     devices = [device.index or 0] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        # Eager even where the module compiled itself in place (`model.compile()`):
+        # a compile here, at batch 1 in eval mode, would be the compile phase's.
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), \
+                torch.compiler.set_stance("force_eager"):
             module.eval()
             batch = to_device(make_batch(1), device)
             counter = FlopCounterMode(display=False)

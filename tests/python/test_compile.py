@@ -93,6 +93,8 @@ def test_module_compile_in_place_is_tuned_compiled_too_and_the_sweep_compiles_no
                             report=None, base_batch=64, time_budget=20, max_batch=512)
     assert 1 in [row.batch_size for row in result.sweep] and result.eval_batch_size > 0
     assert result.recompiles == 0 and result.compile_seconds > 0
+    # The FLOPs were counted on the eager forward, compiling nothing.
+    assert all(row.flops_per_s > 0 for row in result.sweep)
 
 
 class SizeBranch(torch.nn.Module):
