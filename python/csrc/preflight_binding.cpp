@@ -1,0 +1,57 @@
+#include "preflight_binding.h"
+
+#include <pybind11/stl.h>
+
+#include <tuple>
+#include <vector>
+
+#include "batchtune/preflight/caching_allocator_model.h"
+#include "batchtune/preflight/gpu_profile.h"
+
+namespace py = pybind11;
+
+namespace batchtune::python {
+
+void bind_preflight(py::module_& m) {
+  py::class_<AllocatorReplay>(m, "AllocatorReplay",
+                              "What a trace does to the modelled CUDA caching allocator.")
+      .def_readonly("fits", &AllocatorReplay::fits)
+      .def_readonly("peak_allocated", &AllocatorReplay::peak_allocated)
+      .def_readonly("peak_reserved", &AllocatorReplay::peak_reserved)
+      .def_readonly("peak_requested", &AllocatorReplay::peak_requested)
+      .def_readonly("failed_event", &AllocatorReplay::failed_event)
+      .def_readonly("failed_bytes", &AllocatorReplay::failed_bytes)
+      .def_readonly("allocated_at_failure", &AllocatorReplay::allocated_at_failure)
+      .def_readonly("reserved_at_failure", &AllocatorReplay::reserved_at_failure);
+  m.def(
+      "replay_trace",
+      [](const std::vector<std::tuple<bool, int64_t, int64_t>>& events, int64_t capacity) {
+        AllocationTrace trace;
+        trace.reserve(events.size());
+        for (const auto& [allocate, id, bytes] : events) {
+          trace.push_back(allocate ? AllocationEvent::allocate(id, bytes) : AllocationEvent::free(id));
+        }
+        py::gil_scoped_release unlocked;
+        return replay_trace(trace, capacity);
+      },
+      py::arg("events"), py::arg("capacity"),
+      "Replays (allocate, id, bytes) events through the model of PyTorch's CUDA caching "
+      "allocator under `capacity` bytes (frees: allocate False, bytes ignored).");
+  m.attr("ALLOCATOR_MIN_BLOCK") = CachingAllocatorModel::kMinBlockSize;
+
+  py::class_<GpuProfile>(m, "GpuProfile", "A GPU's memory for an estimate made without it.")
+      .def_readonly("name", &GpuProfile::name)
+      .def_readonly("description", &GpuProfile::description)
+      .def_readonly("total_bytes", &GpuProfile::total_bytes)
+      .def_readonly("context_low", &GpuProfile::context_low)
+      .def_readonly("context_high", &GpuProfile::context_high)
+      .def_readonly("cublas_workspace", &GpuProfile::cublas_workspace)
+      .def_readonly("source", &GpuProfile::source)
+      .def_readonly("emulated", &GpuProfile::emulated)
+      .def("allocator_capacity", &GpuProfile::allocator_capacity, py::arg("conservative") = true);
+  m.def("gpu_profile", &gpu_profile, py::arg("name"), py::arg("memory_limit") = 0,
+        "The profile of the GPU named `name` (H100, H200, A100-80GB, ...; cpu with memory_limit).");
+  m.def("gpu_profile_names", &gpu_profile_names);
+}
+
+}  // namespace batchtune::python
