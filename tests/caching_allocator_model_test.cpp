@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "batchtune/common/error.h"
+#include "batchtune/preflight/batch_estimate.h"
 #include "batchtune/preflight/caching_allocator_model.h"
 #include "batchtune/preflight/gpu_profile.h"
 
@@ -208,4 +211,59 @@ TEST(GpuProfile, AnUnknownNameIsAnErrorListingTheKnownOnes) {
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
   EXPECT_THROW(batchtune::gpu_profile("cpu"), batchtune::Error);
+}
+
+namespace {
+
+/// A made-up step whose one tensor takes `n` MiB (and a 1 KiB scalar).
+AllocationTrace linear_step(int64_t n) {
+  return {AllocationEvent::allocate(0, n * MiB), AllocationEvent::allocate(1, 1000),
+          AllocationEvent::free(1), AllocationEvent::free(0)};
+}
+
+}  // namespace
+
+TEST(BatchEstimate, FindsTheLargestBatchAtBothEndsTracingEachBatchOnce) {
+  // The emulated device: 200 MiB less a 10 % margin is 180 MiB usable (the
+  // high end: 179 MiB + 1000 bytes fits, 180 MiB + 1000 does not); the low
+  // end keeps 5 % of that back, 171 MiB: 170.
+  auto cpu = batchtune::gpu_profile("cpu", 200 * MiB);
+  std::map<int64_t, int> calls;
+  auto e = batchtune::estimate_largest_batch(
+      [&](int64_t n) {
+        ++calls[n];
+        return linear_step(n);
+      },
+      cpu, 0.10);
+  EXPECT_EQ(e.capacity.high, 180 * MiB);
+  EXPECT_EQ(e.capacity.low, static_cast<int64_t>(180 * MiB * 0.95));
+  EXPECT_EQ(e.high, 179);
+  EXPECT_EQ(e.low, 170);
+  for (const auto& [n, count] : calls) EXPECT_EQ(count, 1) << "batch " << n << " traced again";
+  EXPECT_FALSE(e.trials.empty());
+}
+
+TEST(BatchEstimate, AGpusAnswerAddsTheWorkspaceAndGrowsWithTheCard) {
+  auto h100 = batchtune::gpu_profile("H100");
+  auto l4 = batchtune::gpu_profile("L4");
+  auto on_h100 = batchtune::estimate_largest_batch(linear_step, h100, 0.10);
+  auto on_l4 = batchtune::estimate_largest_batch(linear_step, l4, 0.10);
+  EXPECT_LT(on_l4.low, on_h100.low);
+  EXPECT_LE(on_h100.low, on_h100.high);
+  // One tensor of n MiB (n >= 10) takes its own segment of n MiB rounded to
+  // 2 MiB, beside cuBLAS's 32 MiB and a 2 MiB small segment: the high end is
+  // the largest n with 32 + 2 + round2(n) MiB within the capacity.
+  const int64_t room = on_h100.capacity.high / MiB - 32 - 2;
+  EXPECT_EQ(on_h100.high, room % 2 == 0 ? room : room - 1);
+  // The replay of the answer fits, of one more sample does not.
+  EXPECT_TRUE(batchtune::replay_on(linear_step(on_h100.low), h100, on_h100.capacity.low).fits);
+  EXPECT_FALSE(batchtune::replay_on(linear_step(on_h100.low + 2), h100, on_h100.capacity.low).fits);
+}
+
+TEST(BatchEstimate, BadArgumentsAreErrors) {
+  auto cpu = batchtune::gpu_profile("cpu", 200 * MiB);
+  EXPECT_THROW(batchtune::estimate_largest_batch(linear_step, cpu, 0.10, 0), batchtune::Error);
+  EXPECT_THROW(batchtune::estimate_largest_batch(linear_step, cpu, 1.5), batchtune::Error);
+  // Nothing fits: 0.
+  EXPECT_EQ(batchtune::estimate_largest_batch(linear_step, batchtune::gpu_profile("cpu", MiB), 0.10).high, 0);
 }

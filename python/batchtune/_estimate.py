@@ -34,15 +34,6 @@ from ._memory import MemoryLimit, parse_limit
 from ._step import AMP_DTYPES, LossFn, check_batch, to_device
 from ._trial import MakeBatch
 
-# The low end of the interval leaves this share of the allocator's memory to
-# what fake tensors cannot see: cuDNN's and cuBLASLt's workspaces chosen at run
-# time, a custom CUDA kernel's own allocations, NCCL's buffers. 5 %: the
-# share a CUDA search already keeps for the allocator's fragmentation
-# (`kCudaFragmentationReserve`), and more than the cuDNN workspaces seen for
-# ResNet-50 at its largest batch (docs/benchmarks.md).
-UNSEEN_SHARE = 0.05
-# The search stops doubling here: a batch of a million samples is a typo.
-MAX_ESTIMATE_BATCH = 1 << 20
 # Breakdown keys, in the order they are printed.
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
                   "workspaces", "allocator_overhead", "context")
@@ -53,7 +44,7 @@ class EstimateResult:
     """What `batchtune.estimate` found.
 
     `max_batch_size` is the low end of the interval: the batch to use. It
-    fits with the CUDA context at its measured high end and `UNSEEN_SHARE` of
+    fits with the CUDA context at its measured high end and `_core.UNSEEN_SHARE` of
     the allocator's memory left to what fake tensors cannot see.
     `max_batch_size_high` is the high end: the context at its low end and
     nothing kept back. `peak_bytes` is the allocator's peak reservation
@@ -349,7 +340,7 @@ def _unseen(ops: collections.Counter, for_cuda: bool) -> List[str]:
 def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
              make_batch: MakeBatch, device: str = "H100", amp: str = "bf16",
              batch_size: Optional[int] = None, memory_limit: MemoryLimit = None,
-             margin: float = _core.DEFAULT_MARGIN, max_batch: int = MAX_ESTIMATE_BATCH) -> EstimateResult:
+             margin: float = _core.DEFAULT_MARGIN, max_batch: int = _core.MAX_ESTIMATE_BATCH) -> EstimateResult:
     """The largest batch that fits a GPU you do not have, from a CPU: your
     step traced on fake tensors and replayed through a model of PyTorch's
     CUDA caching allocator under the named GPU's memory.
@@ -382,8 +373,8 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
     margin = _checks.number("margin", margin, f"from 0 to {_core.MAX_MARGIN:g}")
     if not 0 <= margin <= _core.MAX_MARGIN:
         raise _core.Error(f"margin: must be from 0 to {_core.MAX_MARGIN:g}, got {margin}")
-    max_batch = _checks.integer("max_batch", max_batch, 1, MAX_ESTIMATE_BATCH)
-    batch_size = _checks.optional_integer("batch_size", batch_size, 1, MAX_ESTIMATE_BATCH)
+    max_batch = _checks.integer("max_batch", max_batch, 1, _core.MAX_ESTIMATE_BATCH)
+    batch_size = _checks.optional_integer("batch_size", batch_size, 1, _core.MAX_ESTIMATE_BATCH)
     limit = parse_limit(memory_limit)
     profile = _core.gpu_profile(device, limit or 0)
     if limit is not None and not profile.emulated:
@@ -398,16 +389,7 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
     # (the CPU's op list is close to CUDA's), the optimizers' foreach default.
     target = torch.device("cpu")
 
-    # What the allocator may take: (the card less the context) less the margin.
-    if profile.emulated:
-        high = int(profile.total_bytes * (1 - margin))
-        low = int(high * (1 - UNSEEN_SHARE))
-    else:
-        high = int(profile.allocator_capacity(False) * (1 - margin))
-        low = int(profile.allocator_capacity(True) * (1 - margin) * (1 - UNSEEN_SHARE))
-
     traces: Dict[int, _Trace] = {}
-    rows: List[Dict[str, Any]] = []
 
     def trace_at(n: int) -> _Trace:
         if n not in traces:
@@ -426,47 +408,16 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
                     "with batchtune.tune on the GPU") from None
         return traces[n]
 
-    def replay(n: int, capacity: int):
-        events = trace_at(n).events
-        if not profile.emulated:
-            # cuBLAS's workspace: from the allocator, once, kept for good.
-            events = [(True, -1, profile.cublas_workspace)] + events
-            return _core.replay_trace(events, capacity)
-        return _EmulatedReplay(events, capacity)
-
-    def largest(capacity: int) -> int:
-        def fits(n: int) -> bool:
-            r = replay(n, capacity)
-            rows.append({"batch_size": n, "capacity_bytes": capacity, "fits": r.fits,
-                         "peak_reserved": r.peak_reserved, "peak_requested": r.peak_requested})
-            return r.fits
-
-        # From 2: a model with batch norm cannot train on one sample at all.
-        first = min(2, max_batch)
-        if not fits(first):
-            return 1 if first > 1 and fits(1) else 0
-        good, bad = first, None
-        while bad is None:
-            n = min(good * 2, max_batch)
-            if n == good:
-                return good
-            if fits(n):
-                good = n
-            else:
-                bad = n
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            if fits(mid):
-                good = mid
-            else:
-                bad = mid
-        return good
-
-    lo = largest(low)
-    hi = largest(high)
+    # The search and its rules (the two ends' capacities, the doubling and
+    # bisection) are the core's; Python gives it the traces.
+    found = _core.estimate_largest_batch(lambda n: trace_at(n).events, profile, margin, max_batch)
+    lo, hi = found.low, found.high
+    rows = [{"batch_size": t.batch_size, "capacity_bytes": t.capacity, "fits": t.fits,
+             "peak_reserved": t.peak_reserved, "peak_requested": t.peak_requested}
+            for t in found.trials]
     at = batch_size or max(lo, 1)
-    result = replay(at, high)
     trace = trace_at(at)
+    result = _core.replay_on(trace.events, profile, found.capacity.high)
     tensor_peak, live = _live_at_peak(trace.events)
     breakdown = {k: 0 for k in BREAKDOWN_KEYS}
     for sid, nbytes in live.items():
@@ -483,33 +434,19 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
     return EstimateResult(
         device=profile.name, amp=amp, max_batch_size=lo, max_batch_size_high=hi, batch_size=at,
         peak_bytes=int(peak), tensor_peak_bytes=int(tensor_peak), breakdown=breakdown,
-        capacity_bytes=low, capacity_bytes_high=high,
+        capacity_bytes=found.capacity.low, capacity_bytes_high=found.capacity.high,
         confidence=_confidence(profile, lo, hi, margin, unseen),
         unseen=unseen, source=profile.source, traces=rows)
-
-
-@dataclasses.dataclass
-class _EmulatedReplay:
-    """The emulated CPU device holds tensors byte for byte, with no caching
-    allocator between: a step fits when its tensors' peak does."""
-    fits: bool
-    peak_reserved: int
-    peak_requested: int
-
-    def __init__(self, events, capacity: int):
-        peak, _ = _live_at_peak(events)
-        self.fits = peak <= capacity
-        self.peak_reserved = self.peak_requested = peak
 
 
 def _confidence(profile, lo: int, hi: int, margin: float, unseen: List[str]) -> str:
     if profile.emulated:
         return (f"from fake tensors against the emulated device's exact byte count: batch {lo} keeps "
-                f"{UNSEEN_SHARE:.0%} of the {1 - margin:.0%} of memory_limit a trial may use for what "
+                f"{_core.UNSEEN_SHARE:.0%} of the {1 - margin:.0%} of memory_limit a trial may use for what "
                 f"the CPU's kernels allocate on their own; {hi} fills it")
     seen = "; not seen: " + "; ".join(unseen) if unseen else ""
     return (f"batch {lo} to {hi} on {profile.name}: the low end takes the CUDA context at its high end "
-            f"({profile.context_high >> 20} MiB) and keeps {UNSEEN_SHARE:.0%} of the allocator's "
+            f"({profile.context_high >> 20} MiB) and keeps {_core.UNSEEN_SHARE:.0%} of the allocator's "
             f"memory for what fake tensors cannot see, the high end neither; the caching allocator is "
             f"modelled with its default settings, the card's figures are not measured here "
             f"({profile.source}){seen}")
