@@ -34,18 +34,14 @@ from ._memory import MemoryLimit, parse_limit
 from ._step import AMP_DTYPES, LossFn, check_batch, to_device
 from ._trial import MakeBatch
 
-# Breakdown keys, in the order they are printed.
-BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                  "workspaces", "allocator_overhead", "context")
-
 
 @dataclasses.dataclass
 class EstimateResult:
     """What `batchtune.estimate` found.
 
     `max_batch_size` is the low end of the interval: the batch to use. It
-    fits with the CUDA context at its measured high end and `_core.UNSEEN_SHARE` of
-    the allocator's memory left to what fake tensors cannot see.
+    fits with the CUDA context at its measured high end and 5 % of the
+    allocator's memory (the core's `kUnseenShare`) left to what fake tensors cannot see.
     `max_batch_size_high` is the high end: the context at its low end and
     nothing kept back. `peak_bytes` is the allocator's peak reservation
     (`torch.cuda.max_memory_reserved`) at `batch_size` on a GPU; on the
@@ -254,23 +250,25 @@ def _trace_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_f
             for state in opt.state.values():
                 for v in state.values():
                     tracer.track(v)
+            # One batch for the steps, held through them as a trial and a
+            # training loop hold theirs.
+            tracer.phase = "activations"
+            batch = make_batch(n)
+            check_batch(batch, n)
+            batch = to_device(batch, device)
+            for t in pytree.tree_leaves(batch):
+                tracer.track(t)
             with _reparametrize_module(model, swapped, tie_weights=True):
                 for _ in range(steps):
                     for p in params:
                         p.grad = None
                     tracer.phase = "activations"
-                    batch = make_batch(n)
-                    check_batch(batch, n)
-                    batch = to_device(batch, device)
-                    for t in pytree.tree_leaves(batch):
-                        tracer.track(t)
                     with _autocast_on(device.type, amp):
                         loss = loss_fn(model, batch)
                     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                         raise TypeError("loss_fn(model, batch) must return the scalar loss (a 0-dim "
                                         f"tensor), got {type(loss).__name__}")
                     tracer.phase = "temporaries"
-                    del batch
                     loss.backward()
                     del loss
                     opt.step()
@@ -288,27 +286,10 @@ def _trace_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_f
                     sid = tracer.storage_id(v)
                     if sid is not None:
                         category[sid] = "optimizer_state"
-            del opt, params, swapped, fake_of
+            del opt, params, swapped, fake_of, batch
     finally:
         torch.set_rng_state(cpu_rng)
     return _Trace(tracer.events, category, tracer.ops)
-
-
-def _live_at_peak(events: List[Tuple[bool, int, int]]) -> Tuple[int, Dict[int, int]]:
-    """The tensors' peak (bytes asked for) and the storages live at it."""
-    live: Dict[int, int] = {}
-    total = peak = 0
-    at_peak: Dict[int, int] = {}
-    for allocate, sid, nbytes in events:
-        if allocate:
-            live[sid] = nbytes
-            total += nbytes
-            if total > peak:
-                peak = total
-                at_peak = dict(live)
-        else:
-            total -= live.pop(sid, 0)
-    return peak, at_peak
 
 
 def _unseen(ops: collections.Counter, for_cuda: bool) -> List[str]:
@@ -376,7 +357,13 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
     max_batch = _checks.integer("max_batch", max_batch, 1, _core.MAX_ESTIMATE_BATCH)
     batch_size = _checks.optional_integer("batch_size", batch_size, 1, _core.MAX_ESTIMATE_BATCH)
     limit = parse_limit(memory_limit)
-    profile = _core.gpu_profile(device, limit or 0)
+    if device.lower() == "cpu" and limit is None:
+        raise _core.Error("memory_limit: device='cpu' is the emulated device; give its size, "
+                          "like memory_limit='512MiB'")
+    try:
+        profile = _core.gpu_profile(device, limit or 0)
+    except _core.Error as e:
+        raise _core.Error(f"device: {e}") from None
     if limit is not None and not profile.emulated:
         raise _core.Error(f"memory_limit: is the emulated device's size, for device='cpu'; "
                           f"{profile.name} has its own memory")
@@ -417,23 +404,12 @@ def estimate(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: 
             for t in found.trials]
     at = batch_size or max(lo, 1)
     trace = trace_at(at)
-    result = _core.replay_on(trace.events, profile, found.capacity.high)
-    tensor_peak, live = _live_at_peak(trace.events)
-    breakdown = {k: 0 for k in BREAKDOWN_KEYS}
-    for sid, nbytes in live.items():
-        breakdown[trace.category.get(sid, "temporaries")] += nbytes
-    if not profile.emulated:
-        breakdown["workspaces"] = profile.cublas_workspace
-        breakdown["allocator_overhead"] = max(
-            0, result.peak_reserved - tensor_peak - profile.cublas_workspace)
-        breakdown["context"] = profile.context_high
-        peak = result.peak_reserved
-    else:
-        peak = tensor_peak
+    found_at = _core.breakdown_at_peak(trace.events, trace.category, profile, found.capacity.high)
+    breakdown = {k: found_at.bytes[k] for k in _core.breakdown_keys()}
     unseen = _unseen(trace.ops, not profile.emulated)
     return EstimateResult(
         device=profile.name, amp=amp, max_batch_size=lo, max_batch_size_high=hi, batch_size=at,
-        peak_bytes=int(peak), tensor_peak_bytes=int(tensor_peak), breakdown=breakdown,
+        peak_bytes=found_at.peak_bytes, tensor_peak_bytes=found_at.tensor_peak, breakdown=breakdown,
         capacity_bytes=found.capacity.low, capacity_bytes_high=found.capacity.high,
         confidence=_confidence(profile, lo, hi, margin, unseen),
         unseen=unseen, source=profile.source, traces=rows)

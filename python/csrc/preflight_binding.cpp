@@ -102,6 +102,19 @@ void bind_preflight(py::module_& m) {
       py::arg("max_batch") = kMaxEstimateBatch,
       "The largest batch whose traced step fits `profile` at both ends of the estimate; "
       "`trace_at(n)` returns the step's (allocate, id, bytes) events at batch n.");
+  py::class_<MemoryBreakdown>(m, "MemoryBreakdown")
+      .def_readonly("bytes", &MemoryBreakdown::bytes)
+      .def_readonly("tensor_peak", &MemoryBreakdown::tensor_peak)
+      .def_readonly("peak_bytes", &MemoryBreakdown::peak_bytes)
+      .def_readonly("fits", &MemoryBreakdown::fits);
+  m.def(
+      "breakdown_at_peak",
+      [](const Events& events, const std::map<int64_t, std::string>& category,
+         const GpuProfile& profile, int64_t capacity) {
+        return breakdown_at_peak(to_trace(events), category, profile, capacity);
+      },
+      py::arg("events"), py::arg("category"), py::arg("profile"), py::arg("capacity"));
+  m.def("breakdown_keys", &breakdown_keys);
 }
 
 }  // namespace batchtune::python

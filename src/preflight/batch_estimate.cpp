@@ -95,4 +95,51 @@ BatchEstimate estimate_largest_batch(const std::function<AllocationTrace(int64_t
   return out;
 }
 
+std::vector<std::string> breakdown_keys() {
+  return {"parameters",  "gradients",  "optimizer_state",    "activations",
+          "temporaries", "workspaces", "allocator_overhead", "context"};
+}
+
+MemoryBreakdown breakdown_at_peak(const AllocationTrace& trace,
+                                  const std::map<int64_t, std::string>& category,
+                                  const GpuProfile& profile, int64_t capacity) {
+  MemoryBreakdown out;
+  for (const auto& key : breakdown_keys()) out.bytes[key] = 0;
+  // The storages live when the bytes asked for peak.
+  std::map<int64_t, int64_t> live;
+  std::map<int64_t, int64_t> at_peak;
+  int64_t total = 0;
+  for (const auto& e : trace) {
+    if (e.kind == AllocationEvent::Kind::kAllocate) {
+      live[e.id] = e.bytes;
+      total += e.bytes;
+      if (total > out.tensor_peak) {
+        out.tensor_peak = total;
+        at_peak = live;
+      }
+    } else if (auto it = live.find(e.id); it != live.end()) {
+      total -= it->second;
+      live.erase(it);
+    }
+  }
+  for (const auto& [id, bytes] : at_peak) {
+    auto it = category.find(id);
+    std::string what = it == category.end() ? "temporaries" : it->second;
+    if (out.bytes.count(what) == 0) what = "temporaries";
+    out.bytes[what] += bytes;
+  }
+  const AllocatorReplay replay = replay_on(trace, profile, capacity);
+  out.fits = replay.fits;
+  if (profile.emulated) {
+    out.peak_bytes = out.tensor_peak;
+  } else {
+    out.bytes["workspaces"] = profile.cublas_workspace;
+    out.bytes["allocator_overhead"] =
+        std::max<int64_t>(0, replay.peak_reserved - out.tensor_peak - profile.cublas_workspace);
+    out.bytes["context"] = profile.context_high;
+    out.peak_bytes = replay.peak_reserved;
+  }
+  return out;
+}
+
 }  // namespace batchtune

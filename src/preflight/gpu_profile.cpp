@@ -79,7 +79,7 @@ GpuProfile gpu_profile(const std::string& name, int64_t memory_limit) {
   const std::string wanted = upper(name);
   if (wanted == "CPU") {
     if (memory_limit <= 0) {
-      throw Error("device 'cpu': give memory_limit (the emulated device's size), e.g. 512MiB");
+      throw Error("'cpu' is the emulated device: give its size (a memory limit such as 512MiB)");
     }
     GpuProfile p;
     p.name = "cpu";
@@ -106,7 +106,7 @@ GpuProfile gpu_profile(const std::string& name, int64_t memory_limit) {
     return p;
   }
   std::vector<std::string> names = gpu_profile_names();
-  throw Error(fmt::format("device '{}': not a GPU batchtune knows; use one of {}", name,
+  throw Error(fmt::format("'{}' is not a GPU batchtune knows; use one of {}", name,
                           fmt::join(names, ", ")));
 }
 

@@ -44,6 +44,7 @@ def test_the_traced_peak_is_the_emulated_devices_measured_peak(one_thread):
         assert e.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.01), (n, e.breakdown)
 
 
+@pytest.mark.filterwarnings("ignore:batchtune. lr not scaled")
 def test_the_estimated_largest_batch_brackets_the_tuned_one(one_thread):
     model = _mlp(width=1024)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

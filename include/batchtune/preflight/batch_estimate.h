@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "batchtune/preflight/caching_allocator_model.h"
@@ -73,5 +75,33 @@ struct BatchEstimate {
 BatchEstimate estimate_largest_batch(const std::function<AllocationTrace(int64_t)>& trace_at,
                                      const GpuProfile& profile, double margin,
                                      int64_t max_batch = kMaxEstimateBatch);
+
+/// The device's memory at a step's peak, by what holds it.
+struct MemoryBreakdown {
+  /// `parameters`, `gradients`, `optimizer_state`, `activations`,
+  /// `temporaries` (the tensors live at the tensors' peak, by the trace's
+  /// category of each; one with none is a temporary), `workspaces`
+  /// (cuBLAS's), `allocator_overhead` (the allocator's peak reservation
+  /// beyond the tensors and workspace: rounding, split blocks, segments
+  /// cached for reuse) and `context` (outside the allocator, its high end).
+  /// On the emulated device only the tensors'.
+  std::map<std::string, int64_t> bytes;
+  /// The tensors' peak: the bytes they asked for.
+  int64_t tensor_peak = 0;
+  /// On a GPU the allocator's peak reservation (`max_memory_reserved`); on
+  /// the emulated device the tensors' peak (what a probe reports).
+  int64_t peak_bytes = 0;
+  /// Whether the step fits `capacity`.
+  bool fits = false;
+};
+
+/// The breakdown of `trace` on `profile` under `capacity` bytes, with
+/// `category` saying what each storage id is.
+MemoryBreakdown breakdown_at_peak(const AllocationTrace& trace,
+                                  const std::map<int64_t, std::string>& category,
+                                  const GpuProfile& profile, int64_t capacity);
+
+/// The breakdown's keys, in the order they are shown.
+std::vector<std::string> breakdown_keys();
 
 }  // namespace batchtune

@@ -42,7 +42,8 @@ struct GpuProfile {
 /// The profile named `name` (case-insensitive: `h100`, `H100`). `cpu` needs
 /// `memory_limit` (bytes, > 0): the emulated device's size. Throws
 /// `batchtune::Error` naming the input and listing the known names for an
-/// unknown one, and for `cpu` without a limit.
+/// unknown one, and for `cpu` without a limit; the front end puts its own
+/// name of the input before the message (`--gpu: `, `device: `).
 ///
 /// Example:
 /// ```
