@@ -92,6 +92,9 @@ INSTANTIATE_TEST_SUITE_P(
     TuneTrainPlan, CliBadInput,
     ::testing::Values(
         BadInput{"tune --max-batch 9223372036854775807", "--max-batch"},
+        BadInput{"estimate --gpu H1000", "--gpu"},
+        BadInput{"estimate --gpu cpu", "--memory-limit"},
+        BadInput{"estimate --gpu H100 --memory-limit 1GiB", "--memory-limit"},
         BadInput{"tune --workers 40000", "--workers"},
         BadInput{"tune --prefetch 1000000", "--prefetch"},
         BadInput{"tune --json /nonexistent-folder/out.json", "--json"},
@@ -172,6 +175,19 @@ TEST(Cli, ProbeThatFitsAndOneThatDoesNotBothExitZero) {
   EXPECT_FALSE(o["fits"].get<bool>());
   EXPECT_NE(o["error"].get<std::string>().find("out of memory"), std::string::npos);
   std::remove(path.c_str());
+}
+
+TEST(Cli, EstimateAnswersForAGpuFromTheCpu) {
+  const auto r = run_cli("estimate --model convnet --input 3x32x32 --gpu L4 --amp bf16 --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["device"], "L4");
+  EXPECT_GT(j["max_batch_size"].get<int64_t>(), 0);
+  EXPECT_LE(j["max_batch_size"].get<int64_t>(), j["max_batch_size_high"].get<int64_t>());
+  EXPECT_GT(j["breakdown"]["context"].get<int64_t>(), 0);
+  EXPECT_GT(j["breakdown"]["activations"].get<int64_t>(), 0);
+  EXPECT_LE(j["peak_bytes"].get<int64_t>(), j["capacity_bytes_high"].get<int64_t>());
+  EXPECT_FALSE(j["confidence"].get<std::string>().empty());
 }
 
 TEST(Cli, HelpExitsZero) {

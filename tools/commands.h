@@ -15,6 +15,7 @@ using CommandRun = std::function<int()>;
 CommandRun add_env_command(CLI::App& app);
 CommandRun add_monitor_command(CLI::App& app);
 CommandRun add_probe_command(CLI::App& app);
+CommandRun add_estimate_command(CLI::App& app);
 CommandRun add_tune_command(CLI::App& app);
 CommandRun add_plan_command(CLI::App& app);
 CommandRun add_train_command(CLI::App& app);

@@ -33,6 +33,7 @@ constexpr CommandEntry kCommands[] = {
     {"monitor", batchtune::cli::add_monitor_command},
     {"probe", batchtune::cli::add_probe_command},
     {"tune", batchtune::cli::add_tune_command},
+    {"estimate", batchtune::cli::add_estimate_command},
     {"plan", batchtune::cli::add_plan_command},
     {"train", batchtune::cli::add_train_command},
     {"launch", batchtune::cli::add_launch_command},

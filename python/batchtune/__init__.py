@@ -32,6 +32,7 @@ if _os.environ.get("BATCHTUNE_CORE_DIR"):
 
 from . import _core
 from ._core import Error
+from ._estimate import EstimateResult, estimate
 from ._memory import emulated_memory
 from ._results import ProbeResult, SweepRow, TuneResult
 from ._tune import env, probe, tune
@@ -56,6 +57,7 @@ def __getattr__(name):
 
 __all__ = [
     "Error",
+    "EstimateResult",
     "Plan",
     "ProbeResult",
     "SweepRow",
@@ -66,6 +68,7 @@ __all__ = [
     "TuneResult",
     "emulated_memory",
     "env",
+    "estimate",
     "pad_collate",
     "probe",
     "tune",

@@ -32,6 +32,7 @@
 #include "batchtune/tuning/sweep.h"
 #include "trial_subject.h"
 #include "adapt_binding.h"
+#include "preflight_binding.h"
 #include "token_binding.h"
 #include "tune_binding.h"
 
@@ -419,4 +420,5 @@ PYBIND11_MODULE(_core, m) {
   bind_tune(m);
   bind_adapt(m);
   bind_tokens(m);
+  bind_preflight(m);
 }
