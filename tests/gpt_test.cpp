@@ -95,7 +95,7 @@ std::vector<at::Tensor> gradients(Workload& workload, const Batch& batch, AmpMod
 TEST(Gpt, CheckpointingGivesTheSameGradientsAsKeepingTheActivations) {
   for (AmpMode amp : {AmpMode::kOff, AmpMode::kBf16}) {
     Workload kept(small_gpt().gpt(GptOptions().layers(3)));
-    Workload recomputed(small_gpt().gpt(GptOptions().layers(3).checkpointing(true)));
+    Workload recomputed(small_gpt().gpt(GptOptions().layers(3)).checkpointing(true));
     const Batch batch = kept.synthetic_batch(4);
     const auto a = gradients(kept, batch, amp);
     const auto b = gradients(recomputed, batch, amp);
@@ -114,7 +114,7 @@ TEST(Gpt, CheckpointingGivesTheSameGradientsAsKeepingTheActivations) {
 TEST(Gpt, CheckpointingLowersTheStepsPeakAndFitsALargerBatch) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 256 << 20);
   const auto peak = [&](bool checkpointing) {
-    Workload workload(small_gpt().gpt(GptOptions().layers(4).checkpointing(checkpointing)));
+    Workload workload(small_gpt().gpt(GptOptions().layers(4)).checkpointing(checkpointing));
     TrialRunner runner(workload, *memory);
     const TrialResult r = runner.run(TrialOptions().batch_size(16).steps(1));
     EXPECT_TRUE(r.fits) << r.error;

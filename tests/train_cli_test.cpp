@@ -331,6 +331,19 @@ TEST(TrainCli, ACheckpointingPlanTrainsWithItAndIsRefusedWithoutIt) {
   EXPECT_EQ(j["steps"], 2);
 }
 
+TEST(TrainCli, Resnet18ProbesWithCheckpointingAndAModelWithoutBlocksRefusesIt) {
+  const auto probed = run_cli("probe --model resnet18 --input 3x32x32 --device cpu --amp off "
+                              "--memory-limit 512MiB --batch-size 4 --checkpointing on");
+  EXPECT_EQ(probed.exit_code, 0) << probed.output;
+  const auto refused = run_cli("probe --model convnet --device cpu --batch-size 4 "
+                               "--checkpointing on");
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("--checkpointing: convnet has no blocks to recompute (resnet18's "
+                                "and gpt's are); leave it off, or use --model resnet18 or gpt"),
+            std::string::npos)
+      << refused.output;
+}
+
 TEST(TrainCli, APlanWhoseMicroBatchWasGivenBindsOnlyWhatWasSaid) {
   const std::string path = ::testing::TempDir() + "batchtune_cli_plan_unbound.json";
   const auto made = run_cli("plan --batch-size 4 --device cpu --amp off --json " + path);

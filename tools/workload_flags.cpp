@@ -78,8 +78,8 @@ void add_workload_flags(CLI::App& app, WorkloadFlags& flags) {
   app.add_flag("--untied-head", flags.untied_head,
                "gpt: an output head of its own instead of the token embedding's weights");
   app.add_option("--checkpointing", flags.checkpointing,
-                 "gpt: off, or on (each block's activations recomputed in the backward pass: "
-                 "less memory, one more forward pass)")
+                 "gpt and resnet18: off, or on (each block's activations recomputed in the "
+                 "backward pass: less memory, one more forward pass)")
       ->check(CLI::IsMember({"off", "on"}))
       ->capture_default_str();
   app.add_option("--optimizer", flags.optimizer, "adam, adamw or sgd (momentum 0.9)")
@@ -128,12 +128,6 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
       throw Error(fmt::format("{}: must be at most {}, got {}", flag, kMaxGptSize, value));
     }
   }
-  const bool checkpointing = flags.checkpointing == "on";
-  if (checkpointing && flags.model != "gpt") {
-    throw Error(fmt::format("--checkpointing: {} has no blocks to recompute (gpt's are); leave it "
-                            "off, or use --model gpt",
-                            flags.model));
-  }
   const InputSpec spec = input_spec_from_flags(flags);
   const c10::Device device = parse_device(flags.device);
   std::optional<int64_t> limit;
@@ -152,8 +146,8 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& flags) {
                                                                 .layers(flags.layers)
                                                                 .heads(flags.heads)
                                                                 .width(flags.width)
-                                                                .tied_head(!flags.untied_head)
-                                                                .checkpointing(checkpointing))
+                                                                .tied_head(!flags.untied_head))
+                                                       .checkpointing(flags.checkpointing == "on")
                                                        .optimizer(flags.optimizer)
                                                        .lr(flags.lr)
                                                        .seed(flags.seed)

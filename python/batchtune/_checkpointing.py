@@ -11,12 +11,13 @@ it was found."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils.checkpoint
 
 from . import _core
+from ._configuration import ConfigurationRun, Knob, choose_configuration
 
 MODES = ("auto", "off", "on")
 
@@ -106,45 +107,102 @@ def _recomputed(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-class CheckpointingRun(NamedTuple):
-    """One configuration's tune, as the choice reads it: its largest batch,
-    its chosen one, and the chosen one's samples/s with its 95 % interval
-    (None where it has none)."""
-    max_batch: int
-    chosen: int
-    samples_per_s: float
-    interval: Optional[Tuple[float, float]]
+# Checkpointing's runs are configuration runs (`_configuration`).
+CheckpointingRun = ConfigurationRun
+
+# Under torch.compile, the share of the activations the compiler's
+# selective checkpointing keeps (`activation_memory_budget`, 1.0 keeping
+# all): its min-cut partitioner recomputes the cheapest operations
+# (pointwise ones first) until what is saved fits this share. Half: the
+# midpoint between whole-block recomputation (near 0) and none.
+SELECTIVE_BUDGET = 0.5
 
 
-def choose_checkpointing(off: CheckpointingRun, on: CheckpointingRun,
+def selective_budget_available() -> bool:
+    """Whether the installed torch has the compiler's activation memory
+    budget (`torch._functorch.config.activation_memory_budget`)."""
+    config = getattr(getattr(torch, "_functorch", None), "config", None)
+    return config is not None and hasattr(config, "activation_memory_budget")
+
+
+def set_activation_memory_budget(budget: float) -> float:
+    """Sets the compiler's activation memory budget and drops the graphs
+    compiled so far (`torch._dynamo.reset()`: a compiled graph keeps the
+    budget it was compiled under, and dynamo does not recompile for a
+    change), so the next compile uses it. Returns the budget it replaced."""
+    import torch._functorch.config as functorch_config
+    before = float(functorch_config.activation_memory_budget)
+    if budget != before:
+        functorch_config.activation_memory_budget = budget
+        torch._dynamo.reset()
+    return before
+
+
+class SelectiveCheckpointing:
+    """Checkpointing for a compiled model: the compiler's activation memory
+    budget (`SELECTIVE_BUDGET`) instead of whole blocks recomputed; `undo()`
+    puts back the budget it found."""
+
+    module_names: List[str] = []
+
+    def __init__(self, budget: float = SELECTIVE_BUDGET):
+        self.budget = budget
+        self._before: Optional[float] = None
+
+    def on(self) -> None:
+        if self._before is None:
+            self._before = set_activation_memory_budget(self.budget)
+
+    def undo(self) -> None:
+        if self._before is not None:
+            set_activation_memory_budget(self._before)
+            self._before = None
+
+
+def choose_checkpointing(off: ConfigurationRun, on: ConfigurationRun,
                          objective: str) -> Tuple[bool, str]:
     """Whether the plan keeps checkpointing, and why in one sentence with
-    the figures: by the measured speed of each configuration's chosen batch
-    — kept only where its speed is better beyond both intervals (the ratio's
-    interval all above 1), never on a difference the measurements cannot
-    tell; by the largest batch for the max-fit objective; on where only it
-    fits anything. A speed without an interval tells nothing: kept off."""
-    fits = f"checkpointing fits {on.max_batch} against {off.max_batch}"
-    if off.max_batch < 1 or off.samples_per_s <= 0:
-        if on.max_batch >= 1:
-            return True, f"{fits}: only with it does a batch fit; kept on"
-        return False, f"{fits}: kept off"
-    if on.max_batch < 1 or on.samples_per_s <= 0:
-        return False, f"{fits}: kept off"
-    if objective == "max-fit":
-        keep = on.max_batch > off.max_batch
-        return keep, f"{fits}; the plan takes the largest batch: kept {'on' if keep else 'off'}"
-    ratio = on.samples_per_s / off.samples_per_s
-    if on.interval is None or off.interval is None or off.interval[0] <= 0:
-        return False, (f"{fits} at {ratio:.2f}x the samples/s (batch {on.chosen} against "
-                       f"{off.chosen}), with no interval to judge the difference by: kept off")
-    low = on.interval[0] / off.interval[1]
-    high = on.interval[1] / off.interval[0]
-    speed = (f"{fits} at {ratio:.2f}x the samples/s ([{low:.2f}x, {high:.2f}x], batch "
-             f"{on.chosen} against {off.chosen})")
-    if low > 1:
-        return True, f"{speed}: faster beyond the measurements' spread; kept on"
-    if high < 1:
-        return False, f"{speed}: slower beyond the measurements' spread; kept off"
-    return False, (f"{speed}: the measurements cannot tell them apart; kept off (it recomputes "
-                   "the forward pass)")
+    the figures (`choose_configuration`'s rule): "checkpointing fits 9
+    against 6 at 0.78x the samples/s ([0.70x, 0.86x], batch 9 against 6):
+    slower beyond the measurements' spread; kept off"."""
+    return choose_configuration(off, on, objective,
+                                f"checkpointing fits {on.max_batch} against {off.max_batch}",
+                                "kept on", "kept off", tie_note=" (it recomputes the forward pass)")
+
+
+class CheckpointingKnob(Knob):
+    """Checkpointing as a configuration knob: whole blocks recomputed
+    (`Checkpointing`), or for a compiled model without `checkpoint_modules`,
+    where the installed torch has it, the compiler's activation memory
+    budget (`SelectiveCheckpointing`)."""
+
+    name = label = "checkpointing"
+
+    def __init__(self, model: torch.nn.Module, modules: Optional[Sequence[Any]], compiled: bool):
+        self.selective = compiled and not modules and selective_budget_available()
+        self.switch: Any = SelectiveCheckpointing() if self.selective else \
+            Checkpointing(model, modules)
+
+    def on(self) -> None:
+        self.switch.on()
+
+    def undo(self) -> None:
+        self.switch.undo()
+
+    def choose(self, base: ConfigurationRun, other: ConfigurationRun, objective: str):
+        return choose_checkpointing(base, other, objective)
+
+    def leave(self, kept: bool) -> None:
+        # The compiler's budget is the process's, not the model's: put back
+        # whatever the plan says (Trainer sets it from the plan).
+        if not kept or self.selective:
+            self.undo()
+
+    def apply(self, core: Any, kept: bool, reason: str) -> None:
+        if kept and self.selective:
+            reason = (f"{reason}; " if reason else "") + (
+                f"under torch.compile by the compiler's selective checkpointing "
+                f"(activation_memory_budget {self.switch.budget:g}), not whole blocks")
+        core.set_checkpointing(kept, self.switch.module_names, reason)
+        if kept and self.selective:
+            core.set_activation_memory_budget(self.switch.budget)

@@ -53,6 +53,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from . import _core
+from ._configuration import apply_configuration
 from ._fit import missing
 # dataset_lengths is public here: what lengths="auto" reads.
 from ._lengths import (dataset_lengths, parse_lengths, resolve_lengths,  # noqa: F401
@@ -296,7 +297,9 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
             `lr_scaling`, `warmup_steps`, `checkpointing` — "auto" measures
             the model with and without gradient checkpointing, and the
             returned arguments set `gradient_checkpointing` where the plan
-            keeps it —, ...).
+            keeps it —, `memory_format` for a vision model — the model is
+            left in the format the plan keeps, channels_last weights
+            taking the images with them —, ...).
 
     Under several processes (torchrun, `accelerate launch`) every process
     calls it and gets the same arguments. A model sharded with FSDP2
@@ -382,6 +385,9 @@ def tune_training_args(trainer_or_model: Union["transformers.Trainer", torch.nn.
         reason = result.diagnosis or (result.trials[0].error if result.trials else "")
         raise _core.Error(f"memory_limit: not even batch 1 of {type(model).__name__} fits ({reason}); "
                           "give more memory or a smaller model")
+    # The model as the plan trains it (the memory format; the compiler's
+    # checkpointing budget, which the tune put back).
+    apply_configuration(model, result.plan)
     tuned = _tuned_args(args, result.plan)
     if not quiet and args.process_index == 0:
         _say(tuned, result.plan, world)
@@ -442,7 +448,8 @@ def _tuned_args(args, plan: Plan):
                    learning_rate=plan.lr, bf16=plan.amp == "bf16", fp16=plan.amp == "fp16")
     if plan.eval_micro_batch_size > 0:
         changes["per_device_eval_batch_size"] = plan.eval_micro_batch_size
-    if plan.checkpointing == "on" and not plan.checkpoint_modules:  # the model's own switch
+    if plan.checkpointing == "on" and not plan.checkpoint_modules and \
+            plan.activation_memory_budget <= 0:  # the model's own switch
         # transformers 5.2x names it activation_checkpointing (the old name
         # an alias that a copy of the args overwrites).
         name = "activation_checkpointing" if hasattr(args, "activation_checkpointing") else \

@@ -34,6 +34,7 @@ import torch
 
 from . import _checks, _core
 from ._adapt import adapt_arguments
+from ._configuration import apply_configuration
 from ._fit import missing
 from ._lengths import parse_lengths
 from ._lightning_adapt import (LightningAdaptation, _Batches, adaptive_loader, shuffled,
@@ -270,6 +271,10 @@ class BatchTune(Callback):
             raise _core.Error("lengths: the checkpoint's plan trains by a token budget; give "
                               "BatchTune(lengths=...) as the run that saved it did")
         self.plan = plan
+        # Checkpointing and the memory format as the plan keeps them (a tune
+        # left them so; a resumed plan sets them here). The batch's images
+        # follow the first convolution's channels_last weights.
+        apply_configuration(pl_module, plan)
         apply_plan(trainer, pl_module, plan, batch_arg_name=self.batch_arg_name,
                    scale_lr=self.scale_lr, report=self.result.report if self.result else None,
                    resumed=self._restored is not None)

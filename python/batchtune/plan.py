@@ -68,6 +68,15 @@ class Plan:
     checkpoint_modules: List[str] = dataclasses.field(default_factory=list)
     """With checkpointing on: the class names of the modules that recompute;
     empty for the model's own switch (`gradient_checkpointing_enable()`)."""
+    activation_memory_budget: float = 0.0
+    """With checkpointing on, for a compiled model: the compiler's selective
+    checkpointing budget (`torch._functorch.config.activation_memory_budget`,
+    above 0 and below 1) that stands for whole blocks recomputed; `Trainer`
+    sets it. 0 where blocks recompute."""
+    memory_format: str = "contiguous"
+    """"channels_last" where the plan keeps a convolutional model's weights
+    and images in NHWC (`tune(memory_format=...)`; `Trainer` converts the
+    model and each batch's 4-D float tensors), else "contiguous"."""
     reasons: List[str] = dataclasses.field(default_factory=list)
     """One sentence per choice, saying why and where its value came from."""
     warnings: List[str] = dataclasses.field(default_factory=list)
@@ -105,7 +114,8 @@ class Plan:
 
     def to_dict(self) -> Dict[str, Any]:
         """The plan JSON's fields; the token fields only with a token budget,
-        and the checkpointing ones only when on, as the CLI writes them."""
+        the checkpointing ones only when on and the memory format only when
+        channels_last, as the core writes them."""
         data = dataclasses.asdict(self)
         if self.token_budget <= 0:
             for key in ("token_budget", "length_buckets", "tokens_per_step"):
@@ -113,6 +123,10 @@ class Plan:
         if self.checkpointing != "on":
             for key in ("checkpointing", "checkpoint_modules"):
                 del data[key]
+        if self.checkpointing != "on" or self.activation_memory_budget <= 0:
+            del data["activation_memory_budget"]
+        if self.memory_format == "contiguous":
+            del data["memory_format"]
         return data
 
     def to_json(self) -> str:

@@ -12,11 +12,12 @@ import torch
 
 from . import _checks, _core, _distributed
 from ._adapt import Adaptation, adapt_arguments, loss_scale_of
-from ._checkpointing import Checkpointing
+from ._configuration import apply_configuration
 from ._data_parallel import average_gradients, ddp_of, group_of
 from ._sharded import PeerMeetings, is_sharded, sharded_modules
 from ._sharded import reset as reset_sharded
 from ._memory import oom_count
+from ._memory_format import to_memory_format
 from ._step import (LossFn, TrainStep, batch_size_of, check_amp_device, loss_item_count,
                     slice_batch, to_device)
 from .plan import Plan, group_lr_ratios
@@ -160,8 +161,7 @@ class Trainer:
         # that group's; a group at lr 0 is frozen and stays at 0.
         self._lr_ratios = group_lr_ratios([float(g["lr"]) for g in optimizer.param_groups])
         check_amp_device(plan.amp, self.device)
-        if plan.checkpointing == "on":  # the plan's batch fits only with it
-            Checkpointing(model, plan.checkpoint_modules).on()
+        apply_configuration(model, plan)  # checkpointing, memory format
         self._step = TrainStep(model, optimizer, loss_fn, self.device, plan.amp)
         # An FSDP2 model on several ranks: its forward and backward gather and
         # reduce-scatter, so its FSDP modules meet the other ranks first, and
@@ -305,7 +305,9 @@ class Trainer:
                             "step(micro_batches=[...]); got "
                             + ("both" if batch is not None else "neither"))
         if micro_batches is None:
-            batch = to_device(batch, self.device, non_blocking=self.plan.pin_memory)
+            batch = to_memory_format(
+                to_device(batch, self.device, non_blocking=self.plan.pin_memory),
+                self.plan.memory_format)
             if batch_size_of(batch) < 1:
                 raise ValueError("Trainer.step: the batch is empty")
             return [batch]
@@ -315,7 +317,8 @@ class Trainer:
         if isinstance(micro_batches, (torch.Tensor, dict)):
             raise TypeError("micro_batches: must be a list of batches (each a tensor, a tuple/list "
                             f"or a dict of tensors), got one {type(micro_batches).__name__}")
-        batches = [to_device(b, self.device, non_blocking=self.plan.pin_memory)
+        batches = [to_memory_format(to_device(b, self.device, non_blocking=self.plan.pin_memory),
+                                    self.plan.memory_format)
                    for b in micro_batches]
         if not batches:
             raise ValueError("Trainer.step: micro_batches is empty")

@@ -371,6 +371,23 @@ void bind_report(py::module_& m) {
           py::arg("on"), py::arg("modules"), py::arg("reason"),
           "The activation checkpointing the plan keeps, and why (a reason of its own).")
       .def(
+          "set_activation_memory_budget",
+          [](TuneResult& r, double budget) {
+            if (r.plan && r.plan->checkpointing) r.plan->activation_memory_budget = budget;
+          },
+          py::arg("budget"),
+          "With checkpointing kept on a compiled model: the selective-checkpointing budget "
+          "that stands for it.")
+      .def(
+          "set_memory_format",
+          [](TuneResult& r, const std::string& format, const std::string& reason) {
+            if (!r.plan) return;
+            r.plan->memory_format = format;
+            if (!reason.empty()) r.plan->reasons.push_back({PlanField::kNote, reason});
+          },
+          py::arg("format"), py::arg("reason"),
+          "The memory format the plan keeps (\"channels_last\" or \"contiguous\"), and why.")
+      .def(
           "write_report",
           [](const TuneResult& r, const std::string& path) {
             write_file_atomically(path, html_report(r));

@@ -13,10 +13,32 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// The block to run again, kept by the autograd graph until its backward.
+/// The block to run again, kept by the autograd graph until its backward,
+/// and the buffers its recomputation must leave as they are.
 struct HeldBlock : torch::CustomClassHolder {
-  explicit HeldBlock(std::function<at::Tensor(const at::Tensor&)> f) : run(std::move(f)) {}
+  HeldBlock(std::function<at::Tensor(const at::Tensor&)> f, std::vector<at::Tensor> b)
+      : run(std::move(f)), buffers(std::move(b)) {}
   std::function<at::Tensor(const at::Tensor&)> run;
+  std::vector<at::Tensor> buffers;
+};
+
+/// Puts `buffers` back as they were when it was made, on leaving the scope.
+class BuffersKept {
+ public:
+  explicit BuffersKept(const std::vector<at::Tensor>& buffers) : buffers_(buffers) {
+    const at::NoGradGuard no_grad;
+    for (const auto& b : buffers_) saved_.push_back(b.clone());
+  }
+  ~BuffersKept() {
+    const at::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(saved_[i]);
+  }
+  BuffersKept(const BuffersKept&) = delete;
+  BuffersKept& operator=(const BuffersKept&) = delete;
+
+ private:
+  const std::vector<at::Tensor>& buffers_;
+  std::vector<at::Tensor> saved_;
 };
 
 /// Autocast as the forward pass had it, for the recomputation.
@@ -64,6 +86,10 @@ struct Recompute : torch::autograd::Function<Recompute> {
     auto block = c10::static_intrusive_pointer_cast<HeldBlock>(
         ctx->saved_data["block"].toCapsule());
     at::Tensor input = saved.detach().requires_grad_(saved.requires_grad());
+    // Put back after this backward: the recomputation's graph saved the
+    // buffers (batch norm's running statistics), and a copy into them
+    // before its backward would fail autograd's version check.
+    const BuffersKept kept(block->buffers);
     at::Tensor output;
     {
       const at::AutoGradMode grad(true);
@@ -83,8 +109,14 @@ struct Recompute : torch::autograd::Function<Recompute> {
 
 at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> block,
                         const at::Tensor& input) {
+  return checkpointed(std::move(block), input, {});
+}
+
+at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> block, const at::Tensor& input,
+                        std::vector<at::Tensor> buffers) {
   if (!c10::GradMode::is_enabled() || !input.requires_grad()) return block(input);
-  return Recompute::apply(input, c10::make_intrusive<HeldBlock>(std::move(block)));
+  return Recompute::apply(input,
+                          c10::make_intrusive<HeldBlock>(std::move(block), std::move(buffers)));
 }
 
 }  // namespace batchtune

@@ -72,12 +72,12 @@ struct BlockImpl : nn::Module {
 TORCH_MODULE(Block);
 
 struct GptImpl : nn::Module {
-  GptImpl(int64_t vocab, int64_t max_length, const GptOptions& options)
+  GptImpl(int64_t vocab, int64_t max_length, const GptOptions& options, bool checkpointing)
       : token_embedding(register_module("token_embedding", nn::Embedding(vocab, options.width()))),
         position_embedding(
             register_module("position_embedding", nn::Embedding(max_length, options.width()))),
         norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({options.width()})))),
-        checkpointing(options.checkpointing()) {
+        checkpointing(checkpointing) {
     for (int64_t i = 0; i < options.layers(); ++i) {
       blocks->push_back(Block(options.width(), options.heads()));
     }
@@ -151,7 +151,7 @@ BuiltModule make_gpt(const ModelSpec& spec) {
   const auto w = static_cast<double>(options.width());
   const double flops = t * (static_cast<double>(options.layers()) * (2 * 12 * w * w + 2 * t * w) +
                             2 * w * static_cast<double>(spec.vocab));
-  return built(Gpt(spec.vocab, spec.input_shape.front(), options), flops);
+  return built(Gpt(spec.vocab, spec.input_shape.front(), options, spec.checkpointing), flops);
 }
 
 }  // namespace batchtune::models

@@ -23,17 +23,27 @@ struct BuiltinModel {
   std::function<models::BuiltModule(const ModelSpec&)> make;
   size_t min_rank;  ///< input dimensions the model needs, at least
   bool tokens;      ///< takes token ids (int64) rather than float input
+  bool blocks;      ///< has blocks that activation checkpointing recomputes
 };
 
 const std::vector<BuiltinModel>& zoo() {
   static const std::vector<BuiltinModel> models = {
-      {"convnet", models::make_convnet, 3, false},
-      {"mlp", models::make_mlp, 1, false},
-      {"lenet", models::make_lenet, 3, false},
-      {"resnet18", models::make_resnet18, 3, false},
-      {"gpt", models::make_gpt, 1, true},
+      {"convnet", models::make_convnet, 3, false, false},
+      {"mlp", models::make_mlp, 1, false, false},
+      {"lenet", models::make_lenet, 3, false, false},
+      {"resnet18", models::make_resnet18, 3, false, true},
+      {"gpt", models::make_gpt, 1, true, true},
   };
   return models;
+}
+
+/// The built-in models with blocks to recompute.
+std::vector<std::string> checkpointed_model_names() {
+  std::vector<std::string> names;
+  for (const auto& m : zoo()) {
+    if (m.blocks) names.emplace_back(m.name);
+  }
+  return names;
 }
 
 }  // namespace
@@ -68,6 +78,14 @@ std::unique_ptr<Model> make_builtin_model(const std::string& name, const ModelSp
       throw OptionError(Option::kClasses,
                         fmt::format("need at least 2 classes, got {}", spec.classes));
     }
+    if (spec.checkpointing && !m.blocks) {
+      throw OptionError(Option::kCheckpointing,
+                        fmt::format("{} has no blocks to recompute ({}'s are); leave it off, or "
+                                    "use {} {}",
+                                    name, fmt::join(checkpointed_model_names(), "'s and "),
+                                    mention(Option::kModel),
+                                    fmt::join(checkpointed_model_names(), " or ")));
+    }
     models::BuiltModule built = m.make(spec);
     return std::make_unique<ModuleModel>(
         name, built.module,
@@ -96,7 +114,16 @@ bool is_script_model_path(const std::string& name) {
 }
 
 std::unique_ptr<Model> make_model(const std::string& name_or_path, const ModelSpec& spec) {
-  if (is_script_model_path(name_or_path)) return load_script_model(name_or_path);
+  if (is_script_model_path(name_or_path)) {
+    if (spec.checkpointing) {
+      throw OptionError(Option::kCheckpointing,
+                        fmt::format("{} is a TorchScript model, whose blocks batchtune cannot "
+                                    "recompute; leave it off, or use {} {}",
+                                    name_or_path, mention(Option::kModel),
+                                    fmt::join(checkpointed_model_names(), " or ")));
+    }
+    return load_script_model(name_or_path);
+  }
   return make_builtin_model(name_or_path, spec);
 }
 

@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include "batchtune/models/activation_checkpoint.h"
 #include "models/builtin_models.h"
 
 namespace batchtune::models {
@@ -50,8 +51,9 @@ constexpr int64_t kWidths[] = {64, 128, 256, 512};
 constexpr int64_t kBlocksPerStage = 2;
 
 struct ResNet18Impl : nn::Module {
-  ResNet18Impl(int64_t channels, int64_t classes)
-      : stem(register_module("stem", nn::Sequential(conv(channels, kWidths[0], 7, 2),
+  ResNet18Impl(int64_t channels, int64_t classes, bool checkpointing)
+      : checkpointing(checkpointing),
+        stem(register_module("stem", nn::Sequential(conv(channels, kWidths[0], 7, 2),
                                                     nn::BatchNorm2d(kWidths[0]), nn::ReLU(),
                                                     nn::MaxPool2d(nn::MaxPool2dOptions(3)
                                                                       .stride(2)
@@ -69,10 +71,20 @@ struct ResNet18Impl : nn::Module {
   }
 
   at::Tensor forward(const at::Tensor& x) {
-    at::Tensor y = layers->forward(stem->forward(x));
+    at::Tensor y = stem->forward(x);
+    for (const auto& module : layers->children()) {
+      auto* block = module->as<BasicBlock>();
+      // The recomputation's batch norms would count the batch in their
+      // running statistics a second time: it leaves them as the forward did.
+      y = checkpointing && is_training()
+              ? checkpointed([block](const at::Tensor& in) { return block->forward(in); }, y,
+                             block->buffers())
+              : block->forward(y);
+    }
     return fc(torch::adaptive_avg_pool2d(y, {1, 1}).flatten(1));
   }
 
+  bool checkpointing;
   nn::Sequential stem;
   nn::Sequential layers;
   nn::Linear fc;
@@ -107,7 +119,8 @@ double resnet18_flops(const ModelSpec& spec) {
 }  // namespace
 
 BuiltModule make_resnet18(const ModelSpec& spec) {
-  return built(ResNet18(spec.input_shape.front(), spec.classes), resnet18_flops(spec));
+  return built(ResNet18(spec.input_shape.front(), spec.classes, spec.checkpointing),
+               resnet18_flops(spec));
 }
 
 }  // namespace batchtune::models

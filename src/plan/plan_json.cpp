@@ -58,7 +58,11 @@ nlohmann::json to_json(const Plan& plan) {
   if (plan.checkpointing) {
     json["checkpointing"] = "on";
     json["checkpoint_modules"] = plan.checkpoint_modules;
+    if (plan.activation_memory_budget > 0) {
+      json["activation_memory_budget"] = plan.activation_memory_budget;
+    }
   }
+  if (plan.memory_format != "contiguous") json["memory_format"] = plan.memory_format;
   return json;
 }
 
@@ -137,7 +141,8 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
   r.only({"micro_batch_size", "accumulation_steps", "world_size", "global_batch_size", "lr",
           "lr_scaling", "warmup_steps", "amp", "workers", "pin_memory", "prefetch",
           "eval_micro_batch_size", "reasons", "warnings", "workload", "token_budget",
-          "length_buckets", "tokens_per_step", "checkpointing", "checkpoint_modules"});
+          "length_buckets", "tokens_per_step", "checkpointing", "checkpoint_modules",
+          "activation_memory_budget", "memory_format"});
   Plan plan;
   plan.micro_batch_size = r.integer("micro_batch_size", 1);
   plan.accumulation_steps = r.integer("accumulation_steps", 1);
@@ -267,6 +272,24 @@ Plan plan_from_json(const nlohmann::json& input, const std::string& source) {
         r.fail("checkpoint_modules", "must be a list of class names, got " + name.dump());
       }
       plan.checkpoint_modules.push_back(name.get<std::string>());
+    }
+  }
+  if (json.contains("activation_memory_budget")) {
+    const auto& budget = json["activation_memory_budget"];
+    if (!plan.checkpointing) {
+      r.fail("activation_memory_budget", "belongs to checkpointing \"on\"; give that too");
+    }
+    if (!budget.is_number() || !(budget.get<double>() > 0) || !(budget.get<double>() < 1)) {
+      r.fail("activation_memory_budget",
+             "must be a number above 0 and below 1, got " + budget.dump());
+    }
+    plan.activation_memory_budget = budget.get<double>();
+  }
+  if (json.contains("memory_format")) {
+    plan.memory_format = r.text("memory_format");
+    if (plan.memory_format != "channels_last" && plan.memory_format != "contiguous") {
+      r.fail("memory_format",
+             "must be \"channels_last\" or \"contiguous\", got \"" + plan.memory_format + "\"");
     }
   }
   if (json.contains("reasons")) {

@@ -92,11 +92,11 @@ std::string plan_html(const Plan& p) {
   return fmt::format(
       "<h2>Plan</h2><p class='plan'>micro-batch <b>{}</b> &times; {} accumulation &times; {} "
       "process(es) = global batch <b>{}</b>; lr {:.6g} ({} scaling), warm-up {} steps; amp {}; "
-      "{} loader worker(s), prefetch {}, pinned memory {}{}</p><ul>{}</ul>\n",
+      "{} loader worker(s), prefetch {}, pinned memory {}{}{}</p><ul>{}</ul>\n",
       p.micro_batch_size, p.accumulation_steps, p.world_size, p.global_batch_size, p.lr,
       lr_scaling_name(p.lr_scaling), p.warmup_steps, amp_name(p.amp), p.workers, p.prefetch,
       p.pin_memory ? "on" : "off", p.checkpointing ? "; activation checkpointing on" : "",
-      reasons);
+      p.memory_format == "channels_last" ? "; channels_last" : "", reasons);
 }
 
 /// A compiled model's compile phase, in the verdict: its seconds, graphs and

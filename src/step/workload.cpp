@@ -137,6 +137,7 @@ ModelSpec model_spec(const WorkloadOptions& options, const InputSpec& spec) {
     for (int64_t dim : spec.target.shape) model.classes *= dim;
   }
   model.gpt = options.gpt();
+  model.checkpointing = options.checkpointing();
   return model;
 }
 

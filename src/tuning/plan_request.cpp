@@ -186,7 +186,7 @@ Plan build_plan(const PlanRequest& request, const MicroBatchChoice& micro, const
                      request);
   }
   plan.workload = describe_workload(workload, memory, request);
-  if (workload.options().gpt().checkpointing()) {
+  if (workload.options().checkpointing()) {
     plan.checkpointing = true;
     plan.reasons.push_back(
         {PlanField::kNote, fmt::format("activation checkpointing on: {} (the micro-batch was "

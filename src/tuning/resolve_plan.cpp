@@ -25,7 +25,7 @@ Plan resolve_plan(const PlanRequest& request, Workload& workload, DeviceMemory& 
     const std::string source =
         (request.front_end == FrontEnd::kCli ? "--plan " : "the plan ") + request.plan_file;
     check_plan_workload(file.workload, current, source, request.front_end);
-    if (file.checkpointing && !workload.options().gpt().checkpointing()) {
+    if (file.checkpointing && !workload.options().checkpointing()) {
       // Its micro-batch fits only with the activations it does not keep.
       throw Error(fmt::format("{}: the plan was tuned with activation checkpointing on, this run "
                               "has it off; give {} on, or make a plan without it (batchtune tune)",

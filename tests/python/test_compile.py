@@ -147,3 +147,52 @@ def test_the_compile_watch_counts_graphs_and_their_time_on_its_clock():
     assert (watch.seconds, watch.graphs, watch.recompiles) == (4.0, 1, 1)
     seconds, graphs, recompiles, note = watch.record()
     assert note.startswith("The compile phase ran 3.0 s before the time budget's phases")
+
+
+def test_checkpointing_a_compiled_model_is_the_compilers_activation_memory_budget_put_back_after():
+    """Under torch.compile checkpointing is the compiler's selective
+    checkpointing: `activation_memory_budget` 0.5 while the checkpointed
+    configuration's trials run (1.0 while the other's do), the budget found
+    put back after the tune; the plan carries it and `Trainer` sets it."""
+    import json
+
+    import torch._functorch.config as functorch_config
+
+    found = functorch_config.activation_memory_budget
+    budgets = []
+
+    def watching(model, batch):
+        budgets.append(functorch_config.activation_memory_budget)
+        return loss_fn(model, batch)
+
+    try:
+        model = mlp()
+        compiled = torch.compile(model, backend="aot_eager")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        kwargs = dict(memory_limit=LIMIT, amp="off", sweep=False, report=None, base_batch=64,
+                      max_batch=256)
+        on = batchtune.tune(compiled, optimizer, watching, make_batch, checkpointing="on", **kwargs)
+        assert budgets and set(budgets) == {0.5}
+        assert functorch_config.activation_memory_budget == found
+        assert on.plan.checkpointing == "on" and on.plan.activation_memory_budget == 0.5
+        assert on.plan.checkpoint_modules == []  # no blocks wrapped
+        assert any("selective checkpointing (activation_memory_budget 0.5), not whole blocks" in r
+                   for r in on.plan.reasons)
+        assert "forward" not in model.__dict__
+
+        budgets.clear()
+        auto = batchtune.tune(compiled, optimizer, watching, make_batch, checkpointing="auto",
+                              time_budget=10, **kwargs)
+        assert set(budgets) == {found, 0.5}  # each configuration's trials under its own
+        assert functorch_config.activation_memory_budget == found
+        assert any(r.startswith("checkpointing fits ") for r in auto.plan.reasons)
+
+        plan = batchtune.Plan.from_dict(json.loads(on.plan.to_json()))
+        assert plan.activation_memory_budget == 0.5
+        batchtune.Trainer(compiled, optimizer, loss_fn, plan)
+        assert functorch_config.activation_memory_budget == 0.5
+        with pytest.raises(batchtune.Error, match="field 'activation_memory_budget': must be a "
+                                                  "number above 0 and below 1"):
+            batchtune.Plan.from_dict({**plan.to_dict(), "activation_memory_budget": 1.5})
+    finally:
+        functorch_config.activation_memory_budget = found

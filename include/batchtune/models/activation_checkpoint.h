@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <vector>
 
 namespace batchtune {
 
@@ -15,9 +16,10 @@ namespace batchtune {
 /// for one more forward pass of every block.
 ///
 /// The recomputation runs under the autocast state of the forward pass. The
-/// block must be deterministic (no dropout) and must not update state that a
-/// second run would update again (batch norm's running statistics). Without
-/// gradient mode, or where `input` needs no gradient, the block simply runs.
+/// block must be deterministic (no dropout); state that it updates as it
+/// runs (batch norm's running statistics) is named in the overload below,
+/// so that a step updates it once. Without gradient mode, or where `input`
+/// needs no gradient, the block simply runs.
 ///
 /// Example:
 /// ```
@@ -26,5 +28,19 @@ namespace batchtune {
 ///   }
 /// ```
 at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> block, const at::Tensor& input);
+
+/// The same for a block whose forward updates `buffers` in place (batch
+/// norm's running mean, variance and batch count): the recomputation leaves
+/// them as the forward pass left them, so a step updates them once, as it
+/// does without checkpointing. (Setting batch norm's momentum to 0 for the
+/// recomputation would still count the batch twice.)
+///
+/// Example:
+/// ```
+///   x = batchtune::checkpointed([&](const at::Tensor& in) { return block(in); }, x,
+///                               block->buffers());
+/// ```
+at::Tensor checkpointed(std::function<at::Tensor(const at::Tensor&)> block, const at::Tensor& input,
+                        std::vector<at::Tensor> buffers);
 
 }  // namespace batchtune

@@ -29,9 +29,6 @@ struct GptOptions {
   TORCH_ARG(int64_t, width) = 64;
   /// The output head shares the token embedding's weights (as GPT-2 does).
   TORCH_ARG(bool, tied_head) = true;
-  /// Activation checkpointing: each block's activations are recomputed in
-  /// the backward pass instead of kept (see `checkpointed`).
-  TORCH_ARG(bool, checkpointing) = false;
 };
 
 /// What a built-in model is made for: the per-sample input shape (no batch
@@ -45,6 +42,11 @@ struct ModelSpec {
   /// Vocabulary of token-id input (0: the input is float).
   int64_t vocab = 0;
   GptOptions gpt;
+  /// Activation checkpointing: each block's activations (gpt's transformer
+  /// blocks, resnet18's residual blocks) are recomputed in the backward pass
+  /// instead of kept (see `checkpointed`). The other built-in models have no
+  /// blocks and refuse it.
+  bool checkpointing = false;
 };
 
 /// A trainable model, whatever made it (torch::nn or TorchScript).

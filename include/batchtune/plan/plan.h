@@ -129,6 +129,17 @@ struct Plan {
   /// `gradient_checkpointing_enable()`).
   bool checkpointing = false;
   std::vector<std::string> checkpoint_modules;
+  /// With checkpointing on, for a compiled model: the activation memory
+  /// budget of the compiler's selective checkpointing
+  /// (`torch._functorch.config.activation_memory_budget`, above 0 and below
+  /// 1), used instead of recomputing whole blocks; 0 where whole blocks
+  /// recompute. JSON `activation_memory_budget`, written only when set.
+  double activation_memory_budget = 0;
+  /// Memory format of a convolutional model's weights and image inputs:
+  /// "channels_last" (NHWC, which tensor cores and oneDNN prefer) or
+  /// "contiguous" (NCHW). JSON `memory_format`, written only when
+  /// "channels_last" (from Python's `tune(memory_format=...)`).
+  std::string memory_format = "contiguous";
   /// Forward-only batch for evaluation (no gradients, no optimizer step):
   /// found by a forward-only search; 0 when none was (evaluation then runs
   /// at the micro-batch). JSON `eval_micro_batch_size`.

@@ -39,6 +39,9 @@ struct WorkloadOptions {
   TORCH_ARG(std::optional<InputSpec>, input_spec) = std::nullopt;
   /// Sizes of the `gpt` model.
   TORCH_ARG(GptOptions, gpt) = GptOptions();
+  /// Activation checkpointing of the built-in model's blocks (`gpt`,
+  /// `resnet18`; see `ModelSpec::checkpointing`).
+  TORCH_ARG(bool, checkpointing) = false;
   /// `adam` (the default, as in the guide), `adamw` or `sgd` (momentum 0.9).
   TORCH_ARG(std::string, optimizer) = "adam";
   TORCH_ARG(double, lr) = 1e-3;
