@@ -374,15 +374,26 @@ def tune(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Loss
 
     options = options_for(float(time_budget) / runs_wanted)
     communicator = _distributed.communicator(group, dev)
-    # Counted before the budget is installed: one forward at batch 1. With
-    # lengths a sample's FLOPs depend on its length: not counted.
-    flops = forward_flops_per_sample(model, loss_fn, make_batch, dev) if seqs is None else None
     started = time.perf_counter()
+    flops: List[Optional[float]] = []
 
     def pipeline() -> Tuple["_core.TuneReport", Optional[CompileWatch]]:
         knobs = [s.knob for s in settings if s.knob is not None]
-        return _run_pipeline(model, optimizer, loss_fn, batch_of(knobs, make_batch), dev, amp,
-                             seqs, memory, margin, options, communicator, verbose, sweep, flops)
+        batches = batch_of(knobs, make_batch)
+        if not flops:
+            # Once, on the first configuration's model and batches: one forward
+            # at batch 1. With lengths a sample's FLOPs depend on its length:
+            # not counted.
+            try:
+                flops.append(forward_flops_per_sample(model, loss_fn, batches, dev)
+                             if seqs is None else None)
+            except KeyboardInterrupt:
+                # Ctrl-C while counting: raised again by the first trial's
+                # batch, so that the tune ends as at a Ctrl-C in a trial.
+                flops.append(None)
+                batches = _raising_first(batches, KeyboardInterrupt)
+        return _run_pipeline(model, optimizer, loss_fn, batches, dev, amp, seqs, memory, margin,
+                             options, communicator, verbose, sweep, flops[0])
 
     with _one_at_a_time("tune"), _on_every_rank(
             _measured_device(dev, memory_limit, model, optimizer), group, dev) as memory:
@@ -466,6 +477,18 @@ def _run_pipeline(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss
         for subject in subjects:
             subject.batch = None
     return core, watch
+
+
+def _raising_first(make_batch: MakeBatch, error: type) -> MakeBatch:
+    """`make_batch` that raises `error` at its first call, then makes batches."""
+    raised = [False]
+
+    def made(*args: Any) -> Any:
+        if not raised[0]:
+            raised[0] = True
+            raise error()
+        return make_batch(*args)
+    return made
 
 
 def _summary(core: "_core.TuneReport") -> ConfigurationRun:

@@ -97,7 +97,8 @@ def verdict_tune_memory(o: Outcome, limit_bytes: int, smi_used_mib: Sequence[flo
                         baseline_mib: Optional[float], gpu: bool) -> Verdict:
     """The device's used memory seen by nvidia-smi during a tune under a
     limit stays within it (what else was on the device before counted out),
-    and every sweep row has its energy and utilization where a GPU measures
+    and every sweep row has its energy, utilization and model FLOPs
+    utilization (the lent cards are in the peak table) where a GPU measures
     them. A peak inside the budget is true by construction (the trials say
     what they measured); nvidia-smi is the outside witness."""
     r = o.json()
@@ -107,13 +108,18 @@ def verdict_tune_memory(o: Outcome, limit_bytes: int, smi_used_mib: Sequence[flo
     used = (max(smi_used_mib) - baseline_mib) * 2**20
     energy = [s for s in sweep if s.get("energy_j_per_sample") is not None]
     util = [s for s in sweep if s.get("utilization") is not None]
+    mfu = [s["mfu"] for s in sweep if s.get("mfu") is not None and s["mfu"] > 0]
+    chosen_mfu = next((s.get("mfu") for s in sweep if s["batch_size"] == r["chosen_batch_size"]), None)
     ok = (o.rc == 0 and r["complete"] and sweep and r["chosen_batch_size"] > 0 and used <= limit_bytes
-          and (not gpu or (len(energy) == len(sweep) and len(util) == len(sweep))))
+          and (not gpu or (len(energy) == len(sweep) and len(util) == len(sweep)
+                           and len(mfu) == len(sweep))))
     return (PASS if ok else FAIL,
             f'nvidia-smi: at most {mib(used)} used by the run against the limit {mib(limit_bytes)} '
             f'({len(smi_used_mib)} readings); chosen {r["chosen_batch_size"]} of max {r["max_batch_size"]}; '
-            f'energy in {len(energy)}/{len(sweep)} rows, utilization in {len(util)}/{len(sweep)}',
-            {"smi_max_used_bytes": used, "limit_bytes": limit_bytes, "smi_readings": len(smi_used_mib),
+            f'energy in {len(energy)}/{len(sweep)} rows, utilization in {len(util)}/{len(sweep)}, '
+            f'MFU in {len(mfu)}/{len(sweep)}'
+            + (f' ({100 * chosen_mfu:.1f} % at the chosen batch)' if chosen_mfu else ''),
+            {"smi_max_used_bytes": used, "mfu": chosen_mfu, "limit_bytes": limit_bytes, "smi_readings": len(smi_used_mib),
              "baseline_mib": baseline_mib, "chosen_batch_size": r["chosen_batch_size"],
              "max_batch_size": r["max_batch_size"], "rows_with_energy": len(energy),
              "rows_with_utilization": len(util), "rows": len(sweep)})

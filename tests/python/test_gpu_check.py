@@ -25,9 +25,9 @@ def outcome(doc, rc=0, err=""):
     return Outcome(rc, json.dumps(doc), err, 1.0)
 
 
-def sweep_row(batch, samples_per_s, utilization, energy=1.0):
+def sweep_row(batch, samples_per_s, utilization, energy=1.0, mfu=0.3):
     return {"batch_size": batch, "samples_per_s": samples_per_s, "utilization": utilization,
-            "energy_j_per_sample": energy, "peak_bytes": batch << 20}
+            "energy_j_per_sample": energy, "peak_bytes": batch << 20, "mfu": mfu}
 
 
 def tune_doc(chosen=256, rows=None):
@@ -121,6 +121,11 @@ def test_tune_memory_is_judged_by_nvidia_smi_not_by_the_runs_own_peak():
     no_energy = tune_doc(rows=[sweep_row(16, 1000, 40, energy=None)])
     assert verdicts.verdict_tune_memory(outcome(no_energy), limit, [500], 400.0, True)[0] == "fail"
     assert verdicts.verdict_tune_memory(outcome(no_energy), limit, [500], 400.0, False)[0] == "pass"
+    # Model FLOPs utilization in every row on a GPU of the table (the CPU has none).
+    assert ok[2]["mfu"] == pytest.approx(0.3)
+    no_mfu = tune_doc(rows=[sweep_row(16, 1000, 40, mfu=None)])
+    assert verdicts.verdict_tune_memory(outcome(no_mfu), limit, [500], 400.0, True)[0] == "fail"
+    assert verdicts.verdict_tune_memory(outcome(no_mfu), limit, [500], 400.0, False)[0] == "pass"
 
 
 def test_monitor_against_nvidia_smi():
