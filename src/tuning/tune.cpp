@@ -150,8 +150,9 @@ DataParallel* TunePipeline::group() {
 
 void TunePipeline::tell_peers_of_an_error() {
   // Once, and not when the error was a peer's: each peer then stops at its
-  // next meeting instead of waiting for this rank in a collective.
-  if (lockstep_ != nullptr) lockstep_->fail(/*error=*/true);
+  // next meeting instead of waiting for this rank in a collective. After
+  // the plan's agreement no peer meets again: nobody to tell, nobody waiting.
+  if (lockstep_ != nullptr && !met_for_the_last_time_) lockstep_->fail(/*error=*/true);
 }
 
 void TunePipeline::check_stop() {

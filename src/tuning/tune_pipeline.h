@@ -92,6 +92,7 @@ class TunePipeline {
   int64_t goodput_global_batch_ = 0;
   std::string sweep_note_;
   std::string remeasure_note_;
+  bool met_for_the_last_time_ = false;  ///< the ranks' last collective, the plan's, is behind
 };
 
 }  // namespace batchtune

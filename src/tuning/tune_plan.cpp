@@ -61,6 +61,7 @@ void TunePipeline::plan() {
   // job's agreement gives another plan.
   const int64_t planned_micro = plan.micro_batch_size;
   if (DataParallel* dp = group()) plan = dp->agree_plan(plan);
+  met_for_the_last_time_ = true;  // no rank waits for another after this
   if (plan.micro_batch_size != planned_micro) {
     // Data parallel: every rank swept its own device; the job trains rank 0's choice.
     r.selection.reason += fmt::format("; the job takes rank 0's micro-batch {} (this rank chose {})",
